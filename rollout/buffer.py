@@ -1,0 +1,75 @@
+"""TraceBuffer: where finished traces wait for the trainer (a Ray actor, one per policy).
+
+Rollout workers `put` traces as they finish; the trainer `get`s whole groups
+(all `group_size` traces of one task instance, needed by group baselines such
+as GRPO). A malformed trace is rejected at the door with the reason, counted,
+and never reaches the trainer. Failed traces still complete their group (the
+trainer sees and counts them) so a crashing harness cannot stall a group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, OrderedDict
+from typing import Any
+
+from rollout.trace import Trace, TraceError
+
+
+class TraceBuffer:
+    """Holds traces by group and releases complete groups in completion order."""
+
+    def __init__(self, policy: str, group_size: int, vocab_sizes: dict[str, int] | None = None,
+                 max_errors_kept: int = 20):
+        self.policy = policy
+        self.group_size = group_size
+        self.vocab_sizes = dict(vocab_sizes or {})
+        self._partial: dict[str, list[Trace]] = OrderedDict()  # group id -> traces so far
+        self._ready: list[list[Trace]] = []  # complete groups, oldest first
+        self._cond = asyncio.Condition()
+        self.counts: Counter[str] = Counter()
+        self.errors: list[str] = []  # latest rejection reasons
+        self._max_errors_kept = max_errors_kept
+
+    async def put(self, trace: Trace | dict[str, Any]) -> bool:
+        """Add one trace; returns False (and records why) if it is malformed."""
+        try:
+            if isinstance(trace, dict):
+                trace = Trace.from_dict(trace)
+            elif not isinstance(trace, Trace):
+                raise TraceError(f"expected a Trace or a dict, got {type(trace).__name__}")
+            trace.check_vocab(self.vocab_sizes)
+        except (TraceError, TypeError) as e:
+            self.counts["rejected"] += 1
+            self.errors = (self.errors + [str(e)])[-self._max_errors_kept:]
+            return False
+        self.counts["received"] += 1
+        self.counts[f"status_{trace.status}"] += 1
+        group = self._partial.setdefault(trace.group, [])
+        group.append(trace)
+        if len(group) >= self.group_size:
+            del self._partial[trace.group]
+            async with self._cond:
+                self._ready.append(group)
+                self.counts["groups_ready"] += 1
+                self._cond.notify_all()
+        return True
+
+    async def get(self, num_groups: int, timeout_s: float | None = None) -> list[list[Trace]]:
+        """Block until `num_groups` complete groups are ready (or the timeout passes), then take them.
+
+        On timeout, returns whatever complete groups there are (possibly none).
+        """
+        async with self._cond:
+            try:
+                await asyncio.wait_for(
+                    self._cond.wait_for(lambda: len(self._ready) >= num_groups), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+            taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
+        self.counts["groups_taken"] += len(taken)
+        return taken
+
+    async def stats(self) -> dict[str, Any]:
+        return {**self.counts, "groups_waiting": len(self._ready),
+                "groups_partial": len(self._partial), "last_errors": list(self.errors[-3:])}

@@ -1,0 +1,148 @@
+"""Engine: one vLLM AsyncLLM behind a token-in, token-out interface (a Ray actor).
+
+    engine = ray.remote(num_cpus=1)(Engine).remote(model_path, EngineConfig(), policy="main")
+    [c] = await engine.generate.remote(prompt_ids, SamplingConfig(max_tokens=32))
+    c.completion_ids, c.logprobs, c.finish_reason, c.version
+
+`update_weights(version, buckets)` loads new weights in place (no restart),
+resets the prefix cache, and tags every later output with `version`. The same
+class runs vLLM's CPU build and the CUDA build; only EngineConfig differs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+from rollout.config import EngineConfig, SamplingConfig
+
+
+@dataclass
+class Completion:
+    """One generated stream of a request."""
+
+    completion_ids: list[int]
+    logprobs: list[float]  # behaviour log-prob of each generated token
+    finish_reason: str  # stop | length | abort
+    version: int  # weight version that produced every token of it
+
+
+def _vllm_env(cfg: EngineConfig) -> None:
+    # Must be set before vLLM is imported in this process.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gb))))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+class Engine:
+    """Owns one vLLM AsyncLLM. All methods are async: Ray runs it as an async actor."""
+
+    def __init__(self, model_path: str, cfg: EngineConfig, policy: str = "main",
+                 dtype: str = "float32", max_model_len: int = 2048, seed: int = 0):
+        _vllm_env(cfg)
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.policy = policy
+        self.version = 0
+        self.cfg = cfg
+        t0 = time.perf_counter()
+        on_gpu = cfg.num_gpus > 0
+        args = AsyncEngineArgs(
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=cfg.enforce_eager,
+            max_num_seqs=cfg.max_num_seqs,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            # Log-probs of the distribution actually sampled from (after temperature),
+            # which is the behaviour policy the learner's importance ratio needs.
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls="rollout.vllm_ext.WeightSyncExtension",
+            enable_prefix_caching=True,
+            distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else None,
+            disable_log_stats=True,
+            **({"gpu_memory_utilization": cfg.gpu_memory_utilization} if on_gpu
+               else {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30)}),
+        )
+        self._llm = AsyncLLM.from_engine_args(args)
+        self.vocab_size = self._llm.model_config.get_vocab_size()
+        self.start_s = time.perf_counter() - t0
+
+    # ------------------------------------------------------------ generation
+    def _params(self, s: SamplingConfig, seed: int | None):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
+            stop=list(s.stop) or None, seed=seed, logprobs=0, detokenize=bool(s.stop),
+            # With n > 1 the last streamed output can miss completions (NOTES.md).
+            output_kind=RequestOutputKind.FINAL_ONLY)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
+                       seed: int | None = None) -> list[Completion]:
+        """Sample `sampling.n` completions of `prompt_ids`; each carries its behaviour log-probs."""
+        if len(prompt_ids) + sampling.max_tokens > self._llm.model_config.max_model_len:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds "
+                f"model.max_model_len {self._llm.model_config.max_model_len}")
+        version = self.version
+        final = None
+        async for out in self._llm.generate({"prompt_token_ids": list(prompt_ids)},
+                                            self._params(sampling, seed), uuid.uuid4().hex):
+            final = out
+        assert final is not None, "vLLM returned no output"
+        return [Completion(
+            completion_ids=list(o.token_ids),
+            logprobs=[lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs)],
+            finish_reason=o.finish_reason or "abort",
+            version=version) for o in final.outputs]
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """Log-probs the current weights give `completion_ids` after `prompt_ids` (no sampling)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        ids = list(prompt_ids) + list(completion_ids)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for out in self._llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+            final = out
+        plp = final.prompt_logprobs  # one dict per prompt position; None at position 0
+        return [plp[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
+
+    # ---------------------------------------------------------- weight sync
+    async def update_weights(self, version: int, buckets: list[bytes]) -> dict[str, float]:
+        """Load safetensors-serialised weights in place and tag later outputs with `version`.
+
+        Generation is paused around the load: with `sync_pause_mode=wait` the
+        requests in flight finish on the old weights first, so every completion
+        comes from exactly one version.
+        """
+        from rollout.vllm_ext import WeightSyncExtension
+
+        t0 = time.perf_counter()
+        await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
+        try:
+            loaded = await self._llm.collective_rpc(
+                WeightSyncExtension.tracerl_load_weights.__name__, args=(buckets,))
+            await self._llm.reset_prefix_cache()
+            self.version = version
+        finally:
+            await self._llm.resume_generation()
+        return {"seconds": time.perf_counter() - t0, "tensors": float(loaded[0]),
+                "bytes": float(sum(len(b) for b in buckets))}
+
+    # ------------------------------------------------------------ metadata
+    async def info(self) -> dict:
+        return {"policy": self.policy, "version": self.version, "vocab_size": self.vocab_size,
+                "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len}
+
+    async def shutdown(self) -> None:
+        self._llm.shutdown()

@@ -1,0 +1,107 @@
+"""RolloutWorker: runs many harness episodes at once and streams their traces (a Ray actor).
+
+Each task instance is run `group_size` times (one group). Episodes run
+concurrently on the actor's asyncio loop, at most `concurrency` at a time.
+A harness that raises, returns a bad reward, or runs past `timeout_s` yields
+a trace with status "failed" and the error — counted, never a crashed worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from collections import Counter
+from typing import Any
+
+from harnesses.base import as_result, load_harness
+from rollout.client import Agent, ChatFormat, TraceRecorder
+from rollout.config import HarnessConfig, RolloutConfig, SamplingConfig, TaskConfig
+from rollout.router import Router
+from rollout.trace import Trace, TraceError
+
+
+def make_task_source(cfg: TaskConfig, seed: int):
+    """Instantiate the task source named by `task._target_`."""
+    from hydra.utils import get_class
+
+    return get_class(cfg._target_)(name=cfg.name, params=dict(cfg.params), instruction=cfg.instruction,
+                                   size=cfg.size, eval_size=cfg.eval_size, eval_seed=cfg.eval_seed,
+                                   seed=seed)
+
+
+def _describe(e: BaseException) -> str:
+    where = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+    at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
+    return f"{type(e).__name__}: {e}{at}"
+
+
+class RolloutWorker:
+    def __init__(self, worker_id: int, harness: HarnessConfig, task: TaskConfig,
+                 agents: dict[str, str], engines: dict[str, list], tokenizer_paths: dict[str, str],
+                 sampling: SamplingConfig, rollout: RolloutConfig, buffer):
+        """`engines` and `tokenizer_paths` are keyed by policy; `agents` maps role -> policy."""
+        self.worker_id = worker_id
+        self.harness = load_harness(harness._target_)
+        self.harness_options = dict(harness.options)
+        self.tasks = make_task_source(task, seed=rollout.seed)
+        self.agents = dict(agents)
+        self.routers = {p: Router(e) for p, e in engines.items()}
+        self.formats = {p: ChatFormat.from_pretrained(path) for p, path in tokenizer_paths.items()}
+        unknown = {p for p in self.agents.values()} - set(self.routers)
+        if unknown:
+            raise ValueError(f"agents maps roles to policies {sorted(unknown)} that have no engines")
+        self.sampling = sampling
+        self.cfg = rollout
+        self.buffer = buffer  # TraceBuffer actor handle
+        self.counts: Counter[str] = Counter()
+        self.generated_tokens = 0
+
+    async def episode(self, task, group: str, sample: int) -> Trace:
+        """Run the harness once on `task`; always returns a Trace (failed on any error)."""
+        recorder = TraceRecorder(f"{group}#{sample}")
+        agents = {role: Agent(role, policy, self.routers[policy], self.formats[policy], recorder,
+                              self.sampling) for role, policy in self.agents.items()}
+        start = time.time()
+        status, error, result = "ok", None, None
+        try:
+            result = as_result(await asyncio.wait_for(
+                self.harness(task, agents, **self.harness_options), self.cfg.timeout_s))
+        except asyncio.TimeoutError:
+            status, error = "failed", f"timeout: harness ran past rollout.timeout_s={self.cfg.timeout_s}"
+        except Exception as e:  # a harness bug must not take the worker down
+            status, error = "failed", _describe(e)
+        if status == "ok" and any(s.finish_reason == "length" for s in recorder.sequences):
+            status = "truncated"
+        end = time.time()
+        fields = dict(id=recorder.trace_id, group=group, sequences=recorder.sequences,
+                      reward=result.reward if result else 0.0,
+                      agent_rewards=result.agent_rewards if result else None,
+                      status=status, error=error,
+                      info={"task": task.id, "worker": self.worker_id, **(result.info if result else {})},
+                      timings={"start": start, "end": end, "duration_s": end - start})
+        try:
+            trace = Trace(**fields)
+        except TraceError as e:  # e.g. agent_rewards naming a role that never spoke
+            trace = Trace(**{**fields, "status": "failed", "error": f"bad harness result: {e}",
+                             "agent_rewards": None})
+        self.counts[f"traces_{trace.status}"] += 1
+        self.generated_tokens += trace.num_generated_tokens
+        return trace
+
+    async def run(self, task_indices: list[int]) -> dict[str, Any]:
+        """Run one group per task index, streaming each trace to the buffer as it finishes."""
+        sem = asyncio.Semaphore(self.cfg.concurrency)
+
+        async def one(task, sample: int) -> None:
+            async with sem:
+                trace = await self.episode(task, task.id, sample)
+            await self.buffer.put.remote(trace)
+
+        jobs = [one(task, k) for task in map(self.tasks.train_task, task_indices)
+                for k in range(self.cfg.group_size)]
+        await asyncio.gather(*jobs)
+        return await self.stats()
+
+    async def stats(self) -> dict[str, Any]:
+        return {"worker": self.worker_id, **self.counts, "generated_tokens": self.generated_tokens}

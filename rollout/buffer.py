@@ -27,7 +27,7 @@ class TraceBuffer:
         self._partial: dict[str, list[Trace]] = OrderedDict()  # group id -> traces so far
         self._ready: list[list[Trace]] = []  # complete groups, oldest first
         self._cond = asyncio.Condition()
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter(received=0, rejected=0, groups_ready=0, groups_taken=0)
         self.errors: list[str] = []  # latest rejection reasons
         self._max_errors_kept = max_errors_kept
 

@@ -70,7 +70,7 @@ class TaskConfig:
     _target_: str = "harnesses.tasks.ReasoningGymTasks"  # task source class
     name: str = MISSING  # reasoning-gym dataset name, e.g. chain_sum
     params: dict[str, Any] = field(default_factory=dict)  # dataset parameters (difficulty)
-    instruction: str = "Give the final answer as <answer>NUMBER</answer>."  # appended to each question
+    instruction: str | None = None  # appended to each question; None: the dataset's default (NUMBER or EXPRESSION)
     size: int = 100000  # distinct training items
     eval_size: int = 64  # held-out items
     eval_seed: int = 1000003  # far from training seeds: reasoning-gym item i uses Random(seed + i)

@@ -29,12 +29,52 @@ class Completion:
     version: int  # weight version that produced every token of it
 
 
-def _vllm_env(cfg: EngineConfig) -> None:
-    # Must be set before vLLM is imported in this process.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gb))))
+def _vllm_env() -> None:
+    # Must be set before vLLM is imported in this process. (Not VLLM_CPU_KVCACHE_SPACE:
+    # it overrides kv_cache_memory_bytes with whole GiB.)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
+                max_model_len: int = 2048, seed: int = 0):
+    """vLLM engine arguments for one engine; CPU and GPU differ only in how the KV cache is sized."""
+    _vllm_env()
+    from vllm import AsyncEngineArgs
+
+    on_gpu = cfg.num_gpus > 0
+    return AsyncEngineArgs(
+        model=model_path,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+        enforce_eager=cfg.enforce_eager,
+        max_num_seqs=cfg.max_num_seqs,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        # Log-probs of the distribution actually sampled from (after temperature),
+        # which is the behaviour policy the learner's importance ratio needs.
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls="rollout.vllm_ext.WeightSyncExtension",
+        enable_prefix_caching=True,
+        # One engine-core process; the worker runs inside it (no extra process).
+        distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else None,
+        disable_log_stats=True,
+        **({"gpu_memory_utilization": cfg.gpu_memory_utilization} if on_gpu
+           else {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30)}),
+    )
+
+
+def sampling_params(s: SamplingConfig, seed: int | None = None):
+    """vLLM SamplingParams for a SamplingConfig, with per-token behaviour log-probs."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
+        stop=list(s.stop) or None, seed=seed, logprobs=0, detokenize=bool(s.stop),
+        # With n > 1 the last streamed output can miss completions (NOTES.md).
+        output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 class Engine:
@@ -42,48 +82,18 @@ class Engine:
 
     def __init__(self, model_path: str, cfg: EngineConfig, policy: str = "main",
                  dtype: str = "float32", max_model_len: int = 2048, seed: int = 0):
-        _vllm_env(cfg)
-        from vllm import AsyncEngineArgs
+        _vllm_env()
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.policy = policy
         self.version = 0
         self.cfg = cfg
         t0 = time.perf_counter()
-        on_gpu = cfg.num_gpus > 0
-        args = AsyncEngineArgs(
-            model=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            seed=seed,
-            enforce_eager=cfg.enforce_eager,
-            max_num_seqs=cfg.max_num_seqs,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            # Log-probs of the distribution actually sampled from (after temperature),
-            # which is the behaviour policy the learner's importance ratio needs.
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls="rollout.vllm_ext.WeightSyncExtension",
-            enable_prefix_caching=True,
-            distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else None,
-            disable_log_stats=True,
-            **({"gpu_memory_utilization": cfg.gpu_memory_utilization} if on_gpu
-               else {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30)}),
-        )
-        self._llm = AsyncLLM.from_engine_args(args)
+        self._llm = AsyncLLM.from_engine_args(engine_args(model_path, cfg, dtype, max_model_len, seed))
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------ generation
-    def _params(self, s: SamplingConfig, seed: int | None):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        return SamplingParams(
-            n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
-            stop=list(s.stop) or None, seed=seed, logprobs=0, detokenize=bool(s.stop),
-            # With n > 1 the last streamed output can miss completions (NOTES.md).
-            output_kind=RequestOutputKind.FINAL_ONLY)
-
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
                        seed: int | None = None) -> list[Completion]:
         """Sample `sampling.n` completions of `prompt_ids`; each carries its behaviour log-probs."""
@@ -94,7 +104,7 @@ class Engine:
         version = self.version
         final = None
         async for out in self._llm.generate({"prompt_token_ids": list(prompt_ids)},
-                                            self._params(sampling, seed), uuid.uuid4().hex):
+                                            sampling_params(sampling, seed), uuid.uuid4().hex):
             final = out
         assert final is not None, "vLLM returned no output"
         return [Completion(

@@ -56,6 +56,7 @@ def _publish(build_into, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".tmp"))
     try:
+        tmp.chmod(0o755)
         build_into(tmp)
         try:
             tmp.rename(dest)
@@ -141,7 +142,7 @@ def _smollm2_gguf() -> Path:
 
 def build_smollm2() -> Path:
     """Convert the packaged SmolLM2-135M-Instruct GGUF to a safetensors HF folder (once)."""
-    dest = cache_dir() / "models" / "smollm2-135m-instruct"
+    dest = cache_dir() / "models" / "smollm2-135m-instruct-v2"
 
     def build(out: Path) -> None:
         import torch
@@ -152,8 +153,12 @@ def build_smollm2() -> Path:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                       torch_dtype=torch.float32)
-        # transformers refuses to save a GGUF-loaded model: rebuild from its config.
-        model = type(loaded)(loaded.config).to(torch.float32)
+        # transformers refuses to save a GGUF-loaded model: rebuild from its config,
+        # minus the GGUF quantization tag (the weights are dequantized to fp32 now).
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = type(loaded)(config).to(torch.float32)
         model.load_state_dict(loaded.state_dict())
         model.generation_config = loaded.generation_config
         model.save_pretrained(out)

@@ -54,7 +54,7 @@ class RolloutWorker:
         self.sampling = sampling
         self.cfg = rollout
         self.buffer = buffer  # TraceBuffer actor handle
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter(traces_ok=0, traces_failed=0, traces_truncated=0)
         self.generated_tokens = 0
 
     async def episode(self, task, group: str, sample: int) -> Trace:

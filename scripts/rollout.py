@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import time
 
-import hydra
-import ray
-from omegaconf import DictConfig, OmegaConf
+# This script shares its name with the `rollout` package: keep its folder off
+# sys.path so `import rollout` finds the package.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-from rollout.cluster import spawn_buffer, spawn_engines, spawn_workers, start_ray
-from rollout.config import RolloutJobConfig, register_configs, validate
-from rollout.models import resolve_model
-from rollout.trace import Trace, write_jsonl
+import hydra  # noqa: E402
+import ray  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from rollout.cluster import spawn_buffer, spawn_engines, spawn_workers, start_ray  # noqa: E402
+from rollout.config import RolloutJobConfig, register_configs, validate  # noqa: E402
+from rollout.models import resolve_model  # noqa: E402
+from rollout.trace import Trace, write_jsonl  # noqa: E402
 
 register_configs()
 

@@ -1,0 +1,317 @@
+"""Task sources over reasoning-gym datasets, with verifiers.
+
+A harness receives a :class:`Task`, sends ``task.prompt`` to models, and finally
+calls ``task.score(final_text)`` to get a reward in [0, 1]. A :class:`Task` is a
+plain picklable dataclass (it travels to Ray actors); it holds only the dataset
+name, the dataset params and the reasoning-gym entry, and the scorer is rebuilt
+lazily in whichever process scores it.
+
+:class:`ReasoningGymTasks` is a deterministic source of training tasks (by
+index) and of a held-out evaluation set for one reasoning-gym dataset.
+
+This module must stay free of ray, torch and vllm imports.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Any
+
+__all__ = [
+    "DEFAULT_INSTRUCTION",
+    "DATASET_INSTRUCTIONS",
+    "ReasoningGymTasks",
+    "Task",
+    "extract_answer",
+    "is_number",
+]
+
+DEFAULT_INSTRUCTION = "Give the final answer as <answer>NUMBER</answer>."
+
+# Datasets whose gold answer is not a number; every other dataset gets DEFAULT_INSTRUCTION.
+DATASET_INSTRUCTIONS: dict[str, str] = {
+    "countdown": "Give the final answer as <answer>EXPRESSION</answer>.",
+    "puzzle24": "Give the final answer as <answer>EXPRESSION</answer>.",
+}
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+# A number: optional minus (not when it is a binary minus right after a digit or
+# letter, as in "5-3"), then digits with optional thousands commas, or a bare
+# decimal such as ".5".
+_NUMBER = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?:(?<![\w.])-)?\.\d+")
+
+# Scorers are dataset objects rebuilt per process, keyed by (name, canonical params).
+_SCORERS: dict[tuple[str, str], Any] = {}
+
+
+def _reasoning_gym() -> Any:
+    # Imported lazily: importing reasoning_gym loads every dataset (and sympy),
+    # about a second, which modules that only handle Task objects need not pay.
+    import reasoning_gym
+
+    return reasoning_gym
+
+
+def _registered_datasets() -> list[str]:
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+def is_number(text: str | None) -> bool:
+    """Whether ``text`` is a finite number (commas allowed as thousands separators)."""
+    if text is None:
+        return False
+    try:
+        return Decimal(text.strip().replace(",", "")).is_finite()
+    except InvalidOperation:
+        return False
+
+
+def extract_answer(text: str, numeric_fallback: bool = True) -> str | None:
+    """Extract the answer from a model's output text.
+
+    Returns the stripped content of the last ``<answer>...</answer>`` tag; without
+    a tag, and if ``numeric_fallback``, the last number in the text (commas
+    removed); otherwise None. An empty tag yields None.
+    """
+    if not text:
+        return None
+    tags = _ANSWER_TAG.findall(text)
+    if tags:
+        return tags[-1].strip() or None
+    if numeric_fallback:
+        numbers = _NUMBER.findall(text)
+        if numbers:
+            return numbers[-1].replace(",", "")
+    return None
+
+
+def _plain(obj: Any) -> Any:
+    """Deep-copy params into plain Python containers (e.g. from an OmegaConf config)."""
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return tuple(_plain(v) for v in obj)
+    if isinstance(obj, Sequence) and not isinstance(obj, (str, bytes)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _jsonable(obj: Any) -> Any:
+    """Convert an entry to values ``json.dumps`` accepts (gsm_symbolic metadata holds Fractions)."""
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    # Tuples stay tuples: some verifiers compare metadata to tuples (arc_agi/rearc boards).
+    if isinstance(obj, tuple):
+        return tuple(_jsonable(v) for v in obj)
+    if isinstance(obj, (list, set, frozenset)):
+        return [_jsonable(v) for v in obj]
+    if obj is None or isinstance(obj, (str, bool, int)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, Fraction):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        try:
+            return _jsonable(obj.item())
+        except (TypeError, ValueError):
+            pass
+    return str(obj)
+
+
+def _params_key(params: Mapping[str, Any]) -> str:
+    return json.dumps(_jsonable(params), sort_keys=True)
+
+
+def _check_name(name: str) -> None:
+    valid = _registered_datasets()
+    if name not in valid:
+        close = difflib.get_close_matches(name, valid, n=5)
+        examples = close or ["chain_sum", "basic_arithmetic", "countdown", "gsm_symbolic"]
+        raise ValueError(
+            f"unknown reasoning-gym dataset {name!r}; e.g. {', '.join(examples)} "
+            f"({len(valid)} datasets registered)"
+        )
+
+
+def _create_dataset(name: str, params: Mapping[str, Any], seed: int, size: int) -> Any:
+    """Build a reasoning-gym dataset, turning any failure into a ValueError."""
+    _check_name(name)
+    for reserved in ("seed", "size"):
+        if reserved in params:
+            raise ValueError(
+                f"reasoning-gym dataset {name!r}: pass {reserved!r} as a ReasoningGymTasks argument, "
+                "not in params"
+            )
+    try:
+        return _reasoning_gym().create_dataset(name, seed=seed, size=size, **params)
+    except Exception as exc:  # TypeError (unknown param), AssertionError (validate), ValueError, ...
+        raise ValueError(
+            f"bad params for reasoning-gym dataset {name!r} {dict(params)!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _scorer(name: str, params: Mapping[str, Any]) -> Any:
+    """The (cached) dataset object whose ``score_answer`` verifies answers for (name, params)."""
+    key = (name, _params_key(params))
+    scorer = _SCORERS.get(key)
+    if scorer is None:
+        # size=1: some datasets pre-generate all items in their constructor.
+        scorer = _create_dataset(name, params, seed=0, size=1)
+        _SCORERS[key] = scorer
+    return scorer
+
+
+@dataclass
+class Task:
+    """One task instance: what a harness sends to a model, and how to score the result.
+
+    ``params`` are the reasoning-gym dataset params, kept so that any process can
+    rebuild the verifier.
+    """
+
+    id: str
+    question: str
+    prompt: str
+    answer: str | None
+    dataset: str
+    entry: dict
+    params: dict = field(default_factory=dict)
+
+    @property
+    def numeric(self) -> bool:
+        """Whether the gold answer is a number (enables the untagged-number fallback)."""
+        return is_number(self.answer)
+
+    def extract_answer(self, text: str) -> str | None:
+        """The answer this task would score in ``text`` (see module-level :func:`extract_answer`)."""
+        return extract_answer(text, numeric_fallback=self.numeric)
+
+    def score(self, text: str) -> float:
+        """Score a model's output text with the dataset's verifier: 0.0..1.0."""
+        answer = self.extract_answer(text)
+        if answer is None:
+            return 0.0
+        scorer = _scorer(self.dataset, self.params)
+        try:
+            reward = float(scorer.score_answer(answer=answer, entry=self.entry))
+        except Exception:
+            # Model output is arbitrary text: a verifier that chokes on it means "wrong",
+            # not a crashed rollout.
+            return 0.0
+        if not math.isfinite(reward):
+            return 0.0
+        return min(1.0, max(0.0, reward))
+
+
+class ReasoningGymTasks:
+    """Deterministic task source over one reasoning-gym dataset.
+
+    Training task ``i`` is item ``i % size`` of the reasoning-gym dataset built
+    with ``seed`` and ``size``; evaluation tasks are the items of the dataset
+    built with ``eval_seed`` and ``eval_size``. Most reasoning-gym datasets derive
+    item ``i`` from ``Random(seed + i)``, so seeds closer than ``size`` share
+    (shifted) items; the train and eval seed ranges must therefore not overlap.
+    A few datasets pre-generate all items when built (acre takes ~16 s at the
+    default size) or cap the size (word_ladder: 20000): pass a smaller ``size``.
+
+    ``instruction`` is appended to each question on its own line; None picks the
+    per-dataset default (``DATASET_INSTRUCTIONS``, else ``DEFAULT_INSTRUCTION``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        params: dict | None = None,
+        instruction: str | None = None,
+        size: int = 100000,
+        eval_size: int = 64,
+        eval_seed: int = 1000003,
+        seed: int = 0,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        if eval_size < 0:
+            raise ValueError(f"eval_size must be >= 0, got {eval_size}")
+        if eval_size and seed < eval_seed + eval_size and eval_seed < seed + size:
+            raise ValueError(
+                f"train seeds [{seed}, {seed + size}) overlap eval seeds "
+                f"[{eval_seed}, {eval_seed + eval_size}) "
+                f"for dataset {name!r}: eval items would appear in training"
+            )
+        self.name = name
+        self.params: dict = _plain(params or {})
+        if instruction is None:
+            instruction = DATASET_INSTRUCTIONS.get(name, DEFAULT_INSTRUCTION)
+        self.instruction = instruction
+        self.size = size
+        self.eval_size = eval_size
+        self.eval_seed = eval_seed
+        self.seed = seed
+        # Built eagerly so that unknown names and bad params fail here, not mid-training.
+        # reasoning-gym item i can depend on the dataset's seed *and* size (gsm_symbolic draws
+        # its templates up front, acre pre-generates everything), so index the real dataset
+        # rather than building per-item windows.
+        self._train_ds: Any = _create_dataset(name, self.params, seed=seed, size=size)
+        self._eval: list[Task] | None = None
+
+    def __len__(self) -> int:
+        """Number of training indices before ``train_task`` wraps around."""
+        return self.size
+
+    def __repr__(self) -> str:
+        return (
+            f"ReasoningGymTasks({self.name!r}, params={self.params!r}, size={self.size}, "
+            f"eval_size={self.eval_size}, eval_seed={self.eval_seed}, seed={self.seed})"
+        )
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_train_ds"] = None
+        state["_eval"] = None
+        return state
+
+    def _train_dataset(self) -> Any:
+        if self._train_ds is None:
+            self._train_ds = _create_dataset(self.name, self.params, seed=self.seed, size=self.size)
+        return self._train_ds
+
+    def _make_task(self, task_id: str, entry: Mapping[str, Any]) -> Task:
+        entry = _jsonable(entry)
+        question = str(entry["question"])
+        gold = entry.get("answer")
+        return Task(
+            id=task_id,
+            question=question,
+            prompt=f"{question}\n{self.instruction}" if self.instruction else question,
+            answer=None if gold is None else str(gold),
+            dataset=self.name,
+            entry=entry,
+            params=_plain(self.params),
+        )
+
+    def train_task(self, index: int) -> Task:
+        """Training task ``index`` (wrapped modulo ``size``); deterministic given name, params, seed."""
+        index = int(index) % self.size
+        return self._make_task(f"{self.name}/train/{index}", self._train_dataset()[index])
+
+    def eval_tasks(self) -> list[Task]:
+        """The ``eval_size`` held-out tasks, built from ``eval_seed``."""
+        if self._eval is None:
+            if self.eval_size == 0:
+                self._eval = []
+            else:
+                ds = _create_dataset(self.name, self.params, seed=self.eval_seed, size=self.eval_size)
+                self._eval = [self._make_task(f"{self.name}/eval/{i}", ds[i]) for i in range(self.eval_size)]
+        # Copies: callers may mutate tasks (entries are dicts) without corrupting the cache.
+        return copy.deepcopy(self._eval)

@@ -1,0 +1,84 @@
+"""The agent API: token-exact conversations, automatic recording of every call."""
+
+import asyncio
+
+import pytest
+from transformers import AutoTokenizer
+
+from rollout.client import Agent, ChatFormat, TraceRecorder
+from rollout.config import SamplingConfig
+from rollout.router import Router
+
+
+def make_agent(engine, tok, role="solver", policy="main", recorder=None, max_tokens=12):
+    recorder = recorder or TraceRecorder("trace-0")
+    return Agent(role, policy, Router([engine]), ChatFormat(tok), recorder,
+                 SamplingConfig(max_tokens=max_tokens)), recorder
+
+
+def test_conversation_prompts_extend_previous_turns_exactly(engine, tiny_tokenizer):
+    agent, rec = make_agent(engine, tiny_tokenizer)
+
+    async def talk():
+        conv = agent.conversation(system="Be brief.")
+        await conv.reply("What is 2 + 2?")
+        conv.add("tool", "calculator: 4")
+        await conv.reply("Are you sure?")
+        await conv.reply("Final answer?", max_tokens=4)
+        return conv
+
+    conv = asyncio.run(talk())
+    seqs = rec.sequences
+    assert len(seqs) == 3
+    for earlier, later in zip(seqs, seqs[1:]):
+        head = earlier.prompt_ids + earlier.completion_ids
+        assert later.prompt_ids[:len(head)] == head
+        assert len(later.prompt_ids) > len(head)  # the new turns were appended as tokens
+    assert [s.parent for s in seqs] == [None, 0, 1]
+    assert len(seqs[2].completion_ids) <= 4
+    # the appended turns are exactly what the chat template renders for them
+    tail = seqs[1].prompt_ids[len(seqs[0].prompt_ids) + len(seqs[0].completion_ids):]
+    text = tiny_tokenizer.decode(tail)
+    assert "<|im_start|>tool\ncalculator: 4<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+    assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "tool", "user",
+                                                  "assistant", "user", "assistant"]
+
+
+def test_every_call_is_recorded_with_role_policy_version(engine, tiny_tokenizer):
+    rec = TraceRecorder("trace-1")
+    solver, _ = make_agent(engine, tiny_tokenizer, "solver", "main", rec)
+    judge, _ = make_agent(engine, tiny_tokenizer, "judge", "frozen", rec)
+
+    async def run():
+        a = await solver.chat("hello")
+        b = await judge.chat([{"role": "user", "content": "judge this"}], system="You judge.")
+        return a, b
+
+    a, b = asyncio.run(run())
+    assert isinstance(a, str) and isinstance(b, str)
+    assert [(s.agent, s.policy, s.trainable) for s in rec.sequences] == [
+        ("solver", "main", True), ("judge", "frozen", False)]
+    assert all(s.version >= 0 and len(s.logprobs) == len(s.completion_ids) for s in rec.sequences)
+    assert tiny_tokenizer.decode(rec.sequences[1].prompt_ids).startswith("<|im_start|>system\nYou judge.")
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2_135m"])
+def test_token_conversation_equals_template_rendering(model):
+    """If each completion is the tokenized assistant text + end token, the token-built
+    prompts equal the chat template's rendering of the whole conversation."""
+    from rollout.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(model))
+    fmt = ChatFormat(tok)
+    msgs = [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "2+2?"}]
+    ids = fmt.render(msgs)
+    for reply, nxt in [("It is 4.", {"role": "user", "content": "Sure?"}),
+                       ("Yes, 4.", {"role": "tool", "content": "ok"})]:
+        completion = fmt.encode(reply) + [tok.convert_tokens_to_ids("<|im_end|>")]
+        msgs += [{"role": "assistant", "content": reply}, nxt]
+        ids = ids + completion + fmt.continuation(ids + completion, [nxt])
+        assert ids == fmt.render(msgs)
+    # a turn cut by max_tokens (no end token) gets the template's close appended
+    cut = fmt.encode("It is")
+    closed = fmt.continuation(cut, [{"role": "user", "content": "go on"}])
+    assert tok.decode(closed).startswith("<|im_end|>")

@@ -1,0 +1,78 @@
+"""RolloutWorker + TraceBuffer as real Ray actors against a real engine."""
+
+import ray
+
+from rollout.cluster import spawn_buffer, spawn_workers
+from rollout.config import HarnessConfig, RolloutConfig, SamplingConfig, TaskConfig
+
+TASK = TaskConfig(name="chain_sum", params={"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1})
+
+
+def run_worker(engine, tiny_path, harness, agents, n_tasks, group_size=2, timeout_s=20.0):
+    policies = set(agents.values())
+    buffer = spawn_buffer("main", group_size, {p: 512 for p in policies})
+    [worker] = spawn_workers(
+        RolloutConfig(concurrency=8, group_size=group_size, timeout_s=timeout_s), harness, TASK,
+        agents, {p: [engine] for p in policies}, {p: tiny_path for p in policies},
+        SamplingConfig(max_tokens=16), buffer)
+    stats = ray.get(worker.run.remote(list(range(n_tasks))), timeout=300)
+    groups = ray.get(buffer.get.remote(n_tasks, timeout_s=5))
+    return stats, groups, ray.get(buffer.stats.remote())
+
+
+def test_failing_and_hanging_harnesses_make_failed_traces(engine, tiny_path):
+    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.flaky", name="flaky", roles=["solver"])
+    stats, groups, bstats = run_worker(engine, tiny_path, harness, {"solver": "main"}, n_tasks=6,
+                                       timeout_s=15.0)
+    by_task = {g[0].info["task"].rsplit("/", 1)[1]: g for g in groups}
+    assert sorted(by_task) == ["0", "1", "2", "3", "4", "5"], "every group completes, failed or not"
+    for k, g in by_task.items():
+        assert len(g) == 2 and {t.group for t in g} == {g[0].info["task"]}
+    assert all(t.status == "failed" and "RuntimeError: harness bug on task 1" in t.error for t in by_task["1"])
+    assert all(t.status == "failed" and "timeout" in t.error for t in by_task["2"])
+    assert all(t.status == "failed" and "non-finite reward" in t.error for t in by_task["3"])
+    # a per-agent reward for a role that never spoke is a bad harness result, not a crash
+    assert all(t.status == "failed" and "role 'judge'" in t.error for t in by_task["4"])
+    for k in ("0", "5"):
+        for t in by_task[k]:
+            assert t.status in ("ok", "truncated") and t.error is None
+            assert len(t.sequences) == 1 and 0.0 <= t.reward <= 1.0
+    # failed traces keep the model calls made before the failure
+    assert all(len(t.sequences) == 1 for t in by_task["1"])
+    assert stats["traces_failed"] == 8 and stats["traces_ok"] + stats["traces_truncated"] == 4
+    assert bstats["received"] == 12 and bstats["rejected"] == 0
+
+
+def test_frozen_role_and_agent_rewards(engine, tiny_path):
+    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.judged", name="judged",
+                            roles=["solver", "judge"])
+    _, groups, _ = run_worker(engine, tiny_path, harness, {"solver": "main", "judge": "frozen"}, n_tasks=2)
+    traces = [t for g in groups for t in g]
+    assert len(traces) == 4
+    for t in traces:
+        assert t.status != "failed", t.error
+        assert [(s.agent, s.policy, s.trainable) for s in t.sequences] == [
+            ("solver", "main", True), ("judge", "frozen", False)]
+        assert t.agent_rewards == {"solver": 1.0, "judge": -1.0} and t.reward == 0.0
+
+
+def test_buffer_rejects_malformed_traces_with_reason(ray_cluster):
+    from rollout.trace import Sequence, Trace
+
+    buffer = spawn_buffer("main", 2, {"main": 512})
+    good = Trace(id="a", group="g", sequences=[Sequence([1, 2], [3], [-0.1], "solver", "main", 0)])
+    oov = Trace(id="b", group="g", sequences=[Sequence([1, 2], [3, 9999], [-0.1, -0.2], "solver", "main", 0)])
+    bad_dict = {"id": "c", "group": "g", "sequences": [
+        {"prompt_ids": [1], "completion_ids": [2, 3], "logprobs": [-0.1], "agent": "s", "policy": "main", "version": 0}]}
+    assert ray.get(buffer.put.remote(good)) is True
+    assert ray.get(buffer.put.remote(oov)) is False
+    assert ray.get(buffer.put.remote(bad_dict)) is False
+    stats = ray.get(buffer.stats.remote())
+    assert stats["rejected"] == 2 and stats["received"] == 1
+    assert "9999 is out of vocabulary" in stats["last_errors"][0]
+    assert "logprobs has 1 entries but completion_ids has 2" in stats["last_errors"][1]
+    # the group is incomplete (1 of 2): nothing is released
+    assert ray.get(buffer.get.remote(1, timeout_s=0.2)) == []
+    assert ray.get(buffer.put.remote(good.__class__(**{**good.to_dict(), "id": "a2"})))
+    [group] = ray.get(buffer.get.remote(1, timeout_s=1))
+    assert [t.id for t in group] == ["a", "a2"]

@@ -31,6 +31,7 @@ class SamplingConfig:
     top_p: float = 1.0  # < 1 truncates the sampled distribution (log-probs follow it)
     max_tokens: int = 128  # new tokens per model call
     stop: list[str] = field(default_factory=list)  # stop strings (not in completion_ids)
+    ignore_eos: bool = False  # always generate max_tokens (benchmarks)
 
 
 @dataclass

@@ -72,7 +72,8 @@ def sampling_params(s: SamplingConfig, seed: int | None = None):
 
     return SamplingParams(
         n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
-        stop=list(s.stop) or None, seed=seed, logprobs=0, detokenize=bool(s.stop),
+        stop=list(s.stop) or None, ignore_eos=s.ignore_eos, seed=seed, logprobs=0,
+        detokenize=bool(s.stop),
         # With n > 1 the last streamed output can miss completions (NOTES.md).
         output_kind=RequestOutputKind.FINAL_ONLY)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -63,6 +64,8 @@ def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConf
         return asyncio.run(main())
     finally:
         llm.shutdown()
+        del llm  # let __del__ run now, not at interpreter exit where it raises
+        gc.collect()
 
 
 def bench_path(model_path: str, n: int, sampling: SamplingConfig, engine: EngineConfig,
@@ -98,7 +101,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
     model_path = resolve_model(args.model)
@@ -106,7 +109,8 @@ def main() -> None:
     tasks = ReasoningGymTasks(TASK.name, dict(TASK.params))
     prompts = [fmt.render([{"role": "user", "content": tasks.train_task(i).prompt}])
                for i in range(args.prompts)]
-    sampling = SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature)
+    # ignore_eos: every completion is max_tokens long on both sides, so tok/s compare like for like.
+    sampling = SamplingConfig(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True)
     engine = EngineConfig(num_cpus=1, kv_cache_gb=1.0, max_num_seqs=max(args.prompts, 8))
 
     vllm_rounds = bench_vllm(model_path, prompts, sampling, engine, args.rounds)

@@ -1,0 +1,136 @@
+"""DESIGN.md invariants 1 and 2 on the tiny model (real tokenizer and chat template, fp32).
+
+1. Merged and unmerged training of the same trace give the same gradient.
+2. The gradient equals sum over trainable generated tokens of w * A * grad log pi;
+   prompt, observation and frozen tokens contribute nothing.
+"""
+
+import pytest
+import torch
+
+from rollout.client import ChatFormat
+from rollout.trace import Sequence, Trace
+from trainer.losses import LossConfig, microbatch_loss
+from trainer.packing import NORMALIZATIONS, build_rows, pack, packing_stats, token_weights
+
+
+def hf_logprobs(model, prompt, completion):
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+    return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion)]
+
+
+def seq(model, prompt, completion, agent="solver", policy="main", trainable=True, parent=None):
+    return Sequence(prompt, completion, hf_logprobs(model, prompt, completion), agent, policy, 0,
+                    trainable=trainable, parent=parent)
+
+
+@pytest.fixture(scope="module")
+def traces(hf_tiny, tiny_tokenizer):
+    """A 3-turn solver conversation + a verifier (fresh context) + a frozen judge; and a
+    compaction trace whose second sequence starts from a summary (no shared prefix)."""
+    fmt = ChatFormat(tiny_tokenizer)
+    eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    m = hf_tiny
+    p0 = fmt.render([{"role": "system", "content": "Solve."}, {"role": "user", "content": "What is 3 + 4?"}])
+    c0 = fmt.encode("It is 7.") + [eos]
+    p1 = p0 + c0 + fmt.continuation(p0 + c0, [{"role": "user", "content": "Check the sum."}])
+    c1 = fmt.encode("3 + 4 = 7, yes.") + [eos]
+    p2 = p1 + c1 + fmt.continuation(p1 + c1, [{"role": "tool", "content": "ok"}])
+    c2 = fmt.encode("<answer>7</answer>")  # cut by max_tokens: no end token
+    pv = fmt.render([{"role": "user", "content": "Is 7 right for 3 + 4?"}])
+    cv = fmt.encode("Yes it is.") + [eos]
+    pj = fmt.render([{"role": "user", "content": "Judge: 7"}])
+    cj = fmt.encode("Good.") + [eos]
+    chat = Trace("chat", "g1", [seq(m, p0, c0), seq(m, pv, cv, agent="verifier"), seq(m, p1, c1, parent=0),
+                                seq(m, pj, cj, agent="judge", policy="frozen", trainable=False),
+                                seq(m, p2, c2, parent=2)], reward=1.0)
+    q0 = fmt.render([{"role": "user", "content": "Add 1 2 3 4 5 6 step by step."}])
+    d0 = fmt.encode("1 + 2 = 3, 3 + 3 = 6, 6 + 4 = 10") + [eos]
+    q1 = fmt.render([{"role": "user", "content": "Summary: partial sum 10. Continue with 5 and 6."}])
+    d1 = fmt.encode("10 + 5 = 15, 15 + 6 = 21.") + [eos]
+    compact = Trace("compact", "g2", [seq(m, q0, d0), seq(m, q1, d1)], reward=0.0)
+    return [chat, compact]
+
+
+ADVANTAGES = [[0.7, -0.4, 0.7, 0.0, 0.7], [-1.3, -1.3]]  # per sequence; the frozen judge's is ignored
+
+
+def grad_of(model, traces, normalization, merge, budget=256):
+    weights = token_weights(traces, normalization, constant=64.0)
+    rows = build_rows(traces, ADVANTAGES, weights, merge=merge)
+    model.zero_grad()
+    for mb in pack(rows, budget):
+        loss, _ = microbatch_loss(model, mb, LossConfig(normalization=normalization))
+        loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()]).clone(), rows
+
+
+def test_rows_merge_exact_prefix_chains_only(traces):
+    weights = token_weights(traces, "token")
+    rows = build_rows(traces, ADVANTAGES, weights)
+    # chat: turns 0 -> 2 -> 4 merge into one row; the verifier is its own; the frozen judge makes none.
+    # compact: the post-compaction sequence does not extend the pre-compaction one.
+    assert sorted((r.trace, tuple(r.sequences)) for r in rows) == [
+        ("chat", (0, 2, 4)), ("chat", (1,)), ("compact", (0,)), ("compact", (1,))]
+    chain = next(r for r in rows if r.sequences == [0, 2, 4])
+    s4 = traces[0].sequences[4]
+    assert chain.input_ids == s4.prompt_ids + s4.completion_ids
+    trained = sum(w != 0 for w in chain.weights)
+    assert trained == sum(len(traces[0].sequences[i].completion_ids) for i in (0, 2, 4))
+    stats = packing_stats(rows, pack(rows, 4096))
+    assert stats["tokens_merged"] < stats["tokens_unmerged"]
+    unmerged = build_rows(traces, ADVANTAGES, weights, merge=False)
+    assert len(unmerged) == 6 and packing_stats(unmerged, pack(unmerged, 4096))["merge_saving"] == 0.0
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+def test_invariant1_merged_equals_unmerged_gradient(hf_tiny, traces, normalization):
+    merged, rows_m = grad_of(hf_tiny, traces, normalization, merge=True)
+    unmerged, rows_u = grad_of(hf_tiny, traces, normalization, merge=False, budget=64)
+    assert len(rows_m) < len(rows_u)
+    assert merged.norm() > 0
+    rel = ((merged - unmerged).norm() / merged.norm()).item()
+    assert rel < 1e-5, rel
+
+
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+def test_invariant2_gradient_is_sum_over_trainable_generated_tokens(hf_tiny, traces, normalization):
+    got, _ = grad_of(hf_tiny, traces, normalization, merge=True)
+    # independent: sum_t w A grad log pi(y_t) over exactly the trainable completion tokens
+    weights = token_weights(traces, normalization, constant=64.0)
+    hf_tiny.zero_grad()
+    for trace, advs, ws in zip(traces, ADVANTAGES, weights):
+        for s, a, w in zip(trace.sequences, advs, ws):
+            if not s.trainable:
+                continue
+            ids = torch.tensor([s.prompt_ids + s.completion_ids])
+            logp = torch.log_softmax(hf_tiny(ids).logits[0], -1)
+            pos = torch.arange(len(s.prompt_ids) - 1, ids.shape[1] - 1)
+            (-(w * a) * logp[pos, torch.tensor(s.completion_ids)].sum()).backward()
+    expected = torch.cat([p.grad.flatten() for p in hf_tiny.parameters()])
+    rel = ((got - expected).norm() / expected.norm()).item()
+    assert rel < 1e-5, rel
+
+
+def test_frozen_and_observation_tokens_contribute_nothing(hf_tiny, traces):
+    base, _ = grad_of(hf_tiny, traces, "token", merge=True)
+    # the frozen judge's advantage is irrelevant ...
+    saved = ADVANTAGES[0][3]
+    ADVANTAGES[0][3] = 5.0
+    try:
+        other, _ = grad_of(hf_tiny, traces, "token", merge=True)
+    finally:
+        ADVANTAGES[0][3] = saved
+    assert torch.equal(base, other)
+    # ... and so is removing it from the trace altogether
+    chat = traces[0]
+    no_judge = Trace(chat.id, chat.group, [s for s in chat.sequences if s.trainable], reward=chat.reward)
+    advs = [[0.7, -0.4, 0.7, 0.7], ADVANTAGES[1]]
+    weights = token_weights([no_judge, traces[1]], "token")
+    hf_tiny.zero_grad()
+    for mb in pack(build_rows([no_judge, traces[1]], advs, weights), 256):
+        microbatch_loss(hf_tiny, mb, LossConfig())[0].backward()
+    again = torch.cat([p.grad.flatten() for p in hf_tiny.parameters()])
+    assert ((again - base).norm() / base.norm()).item() < 1e-6

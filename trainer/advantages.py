@@ -1,0 +1,296 @@
+"""Advantage estimators over a batch of traces: one advantage per sequence.
+
+API
+---
+Every function takes a FLAT list of traces (the batch; traces of one task
+share `trace.group`, and a group is simply every trace of the batch with that
+`group`, wherever it sits in the list) and returns `list[list[float]]`, with
+`advs[i][j]` the advantage of `traces[i].sequences[j]`, in input order. The
+loss broadcasts a sequence's advantage to each of its generated tokens.
+
+    compute_advantages(traces, cfg)          # the entry point, driven by AdvantageConfig
+    grpo(traces, **opts) / rloo / batch_mean / uniform   # the same, one estimator each
+    advantage_stats(traces, advs)            # mean/std/min/max over trainable sequences
+
+This runs BEFORE prefix merging (DESIGN.md, "Training math").
+
+Conventions (each is tested in tests/trainer/test_advantages.py)
+-----------------------------------------------------------------
+* Uniform trace-level credit (the seed, "Policy Gradients for Multiple
+  Agents"): every trainable sequence of a trace gets the trace's advantage.
+* Frozen sequences (`trainable=False`) get 0.0.
+* Failed traces (`status == "failed"`) get 0.0 for every sequence and are
+  left out of every statistic (group mean/std, leave-one-out, batch mean/std,
+  per-role std): a group [1, 0, failed] gives its two ok traces exactly the
+  advantages of a group [1, 0]. Truncated traces are NOT excluded: they count
+  with whatever reward the harness gave them.
+* Std is the POPULATION std (ddof=0): std([1, 0, 0, 1]) = 0.5. (TRL and verl
+  use the sample std, ddof=1; the two differ by a factor sqrt(n/(n-1)).)
+  Scaling is A / (std + eps). When every reward of a pool is equal
+  (max == min) the advantages are exactly 0.0 — not eps-sized, never NaN.
+* `scale_by_std` applies to `grpo` and `batch_mean`; `rloo` and `uniform`
+  ignore it (they have no std in their definition).
+* A pool of one (a group with one ok trace, or a batch of one) gives 0.0 for
+  `grpo`, `rloo` and `batch_mean`: there is nothing to compare against.
+
+Per-agent rewards (`per_agent_rewards=True`)
+---------------------------------------------
+The unit of credit becomes (trace, role) instead of the trace: a sequence of
+role r gets the advantage computed from R_r = `trace.agent_rewards[r]`
+(falling back to `trace.reward` when the trace has no `agent_rewards` or r is
+not in it). The baseline statistics are then per role: for `grpo`/`rloo` the
+pool is (group, role) — role r's rewards among the ok traces of the group
+that have a sequence of role r; for `batch_mean` it is role r's rewards over
+the batch. A role is present in a trace if any of its sequences (trainable or
+not) has that role.
+
+Per-agent normalisation (`normalize_per_agent=True`, Dr. MAS style)
+------------------------------------------------------------------
+After the estimator (baseline, and std scaling if on), each role's advantages
+are divided by that role's std across the BATCH:
+
+    A'(i, r) = A(i, r) / (std_r + eps),  std_r = population std of
+               { A(k, r) : ok trace k of the batch in which role r is present }
+
+one value per (trace, role) — not weighted by how many sequences the role
+has. Without `per_agent_rewards`, A(i, r) is trace i's advantage. If all
+A(k, r) are equal (std_r == 0) role r's advantages are left unchanged
+(dividing a constant by eps would only blow it up). So two roles whose
+reward scales differ 100x end with advantages of std ~1 each. With
+`batch_mean` + `per_agent_rewards` this is exactly agent-wise
+standardisation (R_r - mean_r) / std_r.
+
+Per-turn rewards (`use_turn_rewards=True`)
+-------------------------------------------
+A sequence whose `reward` is set gets that reward ADDED to its advantage, as
+a bonus with no baseline, no std scaling and no per-role normalisation:
+
+    A_seq = A_trace_or_role + seq.reward      (trainable, ok traces only)
+
+Sequences without a `reward` keep the plain advantage. This is reward
+shaping, not an unbiased estimator: the bonus credits only the sequence it is
+attached to (not the earlier turns that led to it) and, having no baseline,
+adds variance. The trace-level statistics are unchanged by turn rewards.
+
+No torch, ray or vllm here: plain Python + numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence as Seq
+
+import numpy as np
+
+from rollout.trace import Trace
+
+ESTIMATORS = ("grpo", "rloo", "batch_mean", "uniform")
+CONFIG_KEY = "algorithm.advantage.estimator"
+
+
+@dataclass
+class AdvantageConfig:
+    """How advantages are computed (config group `algorithm.advantage`)."""
+
+    estimator: str = "grpo"  # grpo | rloo | batch_mean | uniform
+    scale_by_std: bool = True  # grpo / batch_mean: divide by the pool's population std (+ eps)
+    per_agent_rewards: bool = False  # a role's sequences use agent_rewards[role]; baselines per role
+    normalize_per_agent: bool = False  # then divide each role's advantages by its batch std (Dr. MAS)
+    use_turn_rewards: bool = False  # add a sequence's own `reward` to its advantage (no baseline)
+    eps: float = 1e-6  # added to every std before dividing
+
+    def __post_init__(self) -> None:
+        validate_config(self)
+
+
+def validate_config(cfg: AdvantageConfig) -> None:
+    """Raise ValueError naming the config key for a bad estimator or eps."""
+    if cfg.estimator not in ESTIMATORS:
+        raise ValueError(f"{CONFIG_KEY} = {cfg.estimator!r} is not a known advantage estimator; "
+                         f"choose one of {list(ESTIMATORS)}")
+    if not np.isfinite(cfg.eps) or cfg.eps < 0:
+        raise ValueError(f"algorithm.advantage.eps = {cfg.eps!r} must be a finite number >= 0")
+
+
+# -- estimators over one pool of rewards ------------------------------------------
+
+
+def _all_equal(r: np.ndarray) -> bool:
+    return r.size == 0 or bool(r.max() == r.min())
+
+
+def _centred(r: np.ndarray, scale_by_std: bool, eps: float) -> np.ndarray:
+    """(r - mean) [/ (population std + eps)]; exactly 0 when all r are equal."""
+    if _all_equal(r):
+        return np.zeros_like(r)
+    a = r - r.mean()
+    if scale_by_std:
+        a = a / (r.std() + eps)
+    return a
+
+
+def _leave_one_out(r: np.ndarray) -> np.ndarray:
+    """A_i = r_i - mean_{j != i} r_j; 0 for a pool of one (or of equal rewards)."""
+    n = r.size
+    if n < 2 or _all_equal(r):
+        return np.zeros_like(r)
+    return r - (r.sum() - r) / (n - 1)
+
+
+# -- the entry point ----------------------------------------------------------------
+
+
+def compute_advantages(traces: Seq[Trace], cfg: AdvantageConfig | None = None) -> list[list[float]]:
+    """One advantage per sequence: `advs[i][j]` for `traces[i].sequences[j]`.
+
+    `traces` is the flat batch; groups are formed by `trace.group`. See the
+    module docstring for every convention (failed traces, std, roles, turns).
+    """
+    cfg = cfg or AdvantageConfig()
+    validate_config(cfg)
+    traces = list(traces)
+    ok = [i for i, t in enumerate(traces) if t.status != "failed"]
+
+    # Units of credit: (trace index, role) when per-agent, else (trace index, None).
+    unit_reward: dict[tuple[int, str | None], float] = {}
+    for i in ok:
+        t = traces[i]
+        if cfg.per_agent_rewards:
+            agent_rewards = t.agent_rewards or {}
+            for role in sorted({s.agent for s in t.sequences}):
+                unit_reward[(i, role)] = float(agent_rewards.get(role, t.reward))
+        else:
+            unit_reward[(i, None)] = float(t.reward)
+
+    # Pools for the baseline statistics.
+    def pool_key(unit: tuple[int, str | None]) -> Hashable:
+        i, role = unit
+        if cfg.estimator in ("grpo", "rloo"):
+            return (traces[i].group, role)
+        return role  # batch_mean: the whole batch (per role when per-agent); uniform: unused
+
+    unit_adv: dict[tuple[int, str | None], float] = {}
+    if cfg.estimator == "uniform":
+        unit_adv = dict(unit_reward)
+    else:
+        pools: dict[Hashable, list[tuple[int, str | None]]] = {}
+        for unit in unit_reward:
+            pools.setdefault(pool_key(unit), []).append(unit)
+        for units in pools.values():
+            r = np.array([unit_reward[u] for u in units], dtype=np.float64)
+            if cfg.estimator == "rloo":
+                a = _leave_one_out(r)
+            else:  # grpo, batch_mean
+                a = _centred(r, cfg.scale_by_std, cfg.eps)
+            unit_adv.update(zip(units, (float(x) for x in a)))
+
+    # Advantage of (trace, role), whichever the unit was.
+    role_adv: dict[tuple[int, str], float] = {}
+    for i in ok:
+        for role in sorted({s.agent for s in traces[i].sequences}):
+            role_adv[(i, role)] = unit_adv[(i, role if cfg.per_agent_rewards else None)]
+
+    if cfg.normalize_per_agent:
+        by_role: dict[str, list[tuple[int, str]]] = {}
+        for key in role_adv:
+            by_role.setdefault(key[1], []).append(key)
+        for _, keys in sorted(by_role.items()):
+            a = np.array([role_adv[k] for k in keys], dtype=np.float64)
+            if _all_equal(a):
+                continue
+            a = a / (a.std() + cfg.eps)
+            role_adv.update(zip(keys, (float(x) for x in a)))
+
+    out: list[list[float]] = []
+    for i, t in enumerate(traces):
+        if t.status == "failed":
+            out.append([0.0] * len(t.sequences))
+            continue
+        row = []
+        for s in t.sequences:
+            if not s.trainable:
+                row.append(0.0)
+                continue
+            a = role_adv[(i, s.agent)]
+            if cfg.use_turn_rewards and s.reward is not None:
+                a += float(s.reward)
+            row.append(float(a))
+        out.append(row)
+    return out
+
+
+# -- one function per estimator -----------------------------------------------------
+
+
+def grpo(traces: Seq[Trace], *, scale_by_std: bool = True, per_agent_rewards: bool = False,
+         normalize_per_agent: bool = False, use_turn_rewards: bool = False,
+         eps: float = 1e-6) -> list[list[float]]:
+    """Group-relative: A = (R - mean_group R) [/ (std_group R + eps)], population std.
+
+    GRPO, Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), §4.1.2 outcome
+    supervision; applied at trace level as in the seed's uniform credit.
+    """
+    return compute_advantages(traces, AdvantageConfig(
+        "grpo", scale_by_std, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps))
+
+
+def rloo(traces: Seq[Trace], *, per_agent_rewards: bool = False, normalize_per_agent: bool = False,
+         use_turn_rewards: bool = False, eps: float = 1e-6) -> list[list[float]]:
+    """Leave-one-out: A_i = R_i - mean_{j != i} R_j within the group; 0 for a group of one.
+
+    RLOO, Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!";
+    Ahmadian et al. 2024, "Back to Basics" (arXiv:2402.14740).
+    """
+    return compute_advantages(traces, AdvantageConfig(
+        "rloo", False, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps))
+
+
+def batch_mean(traces: Seq[Trace], *, scale_by_std: bool = False, per_agent_rewards: bool = False,
+               normalize_per_agent: bool = False, use_turn_rewards: bool = False,
+               eps: float = 1e-6) -> list[list[float]]:
+    """Plain baseline: A = R - mean_batch R [/ (std_batch R + eps)].
+
+    REINFORCE with a constant baseline, Williams 1992, "Simple statistical
+    gradient-following algorithms" (the baseline is the batch's mean reward).
+    """
+    return compute_advantages(traces, AdvantageConfig(
+        "batch_mean", scale_by_std, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps))
+
+
+def uniform(traces: Seq[Trace], *, per_agent_rewards: bool = False,
+            normalize_per_agent: bool = False, use_turn_rewards: bool = False,
+            eps: float = 1e-6) -> list[list[float]]:
+    """No baseline: A = R(trace) on every trainable sequence (plain REINFORCE).
+
+    The seed's minimal estimator ("apply that uniform reward to all trained
+    tokens in the trace"); Williams 1992. Unbiased, highest variance.
+    """
+    return compute_advantages(traces, AdvantageConfig(
+        "uniform", False, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps))
+
+
+# -- stats ------------------------------------------------------------------------
+
+
+def advantage_stats(traces: Seq[Trace], advs: Seq[Seq[float]]) -> dict[str, float]:
+    """mean/std/min/max (population std) over trainable sequences of non-failed traces.
+
+    Keys: adv/mean, adv/std, adv/min, adv/max, adv/count, adv/frac_zero; all 0.0
+    (count 0) when there is no such sequence.
+    """
+    if len(traces) != len(advs):
+        raise ValueError(f"{len(traces)} traces but {len(advs)} advantage rows")
+    vals = []
+    for i, (t, row) in enumerate(zip(traces, advs)):
+        if len(row) != len(t.sequences):
+            raise ValueError(f"advs[{i}] has {len(row)} entries for {len(t.sequences)} sequences")
+        if t.status == "failed":
+            continue
+        vals.extend(a for s, a in zip(t.sequences, row) if s.trainable)
+    if not vals:
+        return {"adv/mean": 0.0, "adv/std": 0.0, "adv/min": 0.0, "adv/max": 0.0,
+                "adv/count": 0.0, "adv/frac_zero": 0.0}
+    v = np.array(vals, dtype=np.float64)
+    return {"adv/mean": float(v.mean()), "adv/std": float(v.std()), "adv/min": float(v.min()),
+            "adv/max": float(v.max()), "adv/count": float(v.size),
+            "adv/frac_zero": float(np.mean(v == 0.0))}

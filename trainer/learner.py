@@ -1,0 +1,195 @@
+"""Learner: one DeepSpeed rank (a Ray actor). gloo on CPU, NCCL on GPU; ZeRO 0-3; fp32 or bf16.
+
+Driven by trainer/learner_group.py, which starts `world_size` of these, calls
+`setup` on all of them at once (DeepSpeed's rendezvous needs every rank), and
+broadcasts every collective call (`train_step`, `export_weights`, `save`,
+`load`, `logprobs`) to all ranks.
+
+The loss of a micro-batch is a weighted SUM whose weights already carry the
+batch-level normalisation (trainer/packing.py), so the update must apply
+sum-over-ranks-and-micro-batches of the gradients. DeepSpeed averages over
+ranks and (optionally) divides by the accumulation steps; `train_step` undoes
+both explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from trainer.losses import LossConfig, microbatch_loss
+from trainer.packing import MicroBatch
+
+
+@dataclass
+class LearnerConfig:
+    world_size: int = 2  # DeepSpeed ranks (Ray actors)
+    num_cpus: float = 1.0  # Ray CPUs per rank
+    num_gpus: float = 0.0  # Ray GPUs per rank (1 on GPU machines)
+    zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
+    dtype: str = "float32"  # float32 | bfloat16
+    optimizer: str = "adamw"  # adamw | sgd
+    lr: float = 1e-5  # peak learning rate
+    warmup_steps: int = 0  # linear warm-up from 0 to lr
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    grad_clip: float = 1.0  # max global grad norm (0 disables)
+    micro_batch_tokens: int = 4096  # padded tokens per forward/backward
+    gradient_checkpointing: bool = False  # trade compute for activation memory
+    dist_timeout_s: float = 600.0  # collective-op timeout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class Learner:
+    def __init__(self, rank: int, model_path: str, cfg: LearnerConfig, loss: LossConfig, seed: int = 0):
+        self.rank, self.model_path, self.cfg, self.loss_cfg, self.seed = rank, model_path, cfg, loss, seed
+        self.step = 0
+        self.engine = None
+
+    def master_address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the rendezvous (call on rank 0 before `setup`)."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> dict:
+        """Join the process group and build the DeepSpeed engine; all ranks must call it at once."""
+        import datetime
+
+        import deepspeed
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        cfg = self.cfg
+        on_gpu = cfg.num_gpus > 0
+        os.environ.update(RANK=str(self.rank), LOCAL_RANK="0" if on_gpu else str(self.rank),
+                          WORLD_SIZE=str(cfg.world_size), LOCAL_WORLD_SIZE=str(cfg.world_size),
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        if not on_gpu:
+            # DeepSpeed g++-builds a shared-memory all-reduce op (~70 s) when its torch comm
+            # backend starts; it is only an inference fast path. Skip it on CPU.
+            import deepspeed.comm.torch as ds_torch_comm
+
+            ds_torch_comm.build_shm_op = lambda: None
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo",
+                                   timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
+        torch.manual_seed(self.seed)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.ref_model = None
+        if self.loss_cfg.kl_coef > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+            self.ref_model.requires_grad_(False)
+        # A torch optimizer, not a DeepSpeed-named one: those g++-build fused ops on first use.
+        if cfg.optimizer == "adamw":
+            opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+                                    weight_decay=cfg.weight_decay)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        warmup = max(cfg.warmup_steps, 0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": 1,  # one packed MicroBatch per micro step
+            "gradient_accumulation_steps": 1,  # reset per step from the shard size
+            "gradient_clipping": cfg.grad_clip,
+            "zero_optimization": {"stage": cfg.zero_stage},
+            "zero_allow_untested_optimizer": True,  # torch SGD (AdamW is on the tested list)
+            "bf16": {"enabled": cfg.dtype == "bfloat16"},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)
+        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters())}
+
+    # ---------------------------------------------------------------- train
+    def train_step(self, shard: list[MicroBatch]) -> dict[str, float]:
+        """One optimizer step over this rank's micro-batches (every rank has the same count)."""
+        t0 = time.perf_counter()
+        eng = self.engine
+        eng.set_train_batch_size(len(shard) * self.cfg.world_size)
+        sums: dict[str, float] = {}
+        loss_total = 0.0
+        for mb in shard:
+            loss, metrics = microbatch_loss(eng, mb, self.loss_cfg, self.ref_model, self.device)
+            # DeepSpeed averages gradients over ranks: scale back to a sum; no division by GAS.
+            eng.backward(loss * self.cfg.world_size, scale_wrt_gas=False)
+            eng.step()
+            loss_total += loss.item()
+            for k, v in metrics.items():
+                sums[k] = max(sums.get(k, 0.0), v.item()) if k == "ratio_max" else sums.get(k, 0.0) + v.item()
+        self.step += 1
+        grad_norm = eng.get_global_grad_norm()
+        out = {"loss": loss_total, "grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
+               "lr": self.scheduler.get_last_lr()[0], "step": self.step,
+               "tokens": sums.pop("tokens", 0.0), "padded_tokens": float(sum(m.input_ids.size for m in shard)),
+               "seconds": time.perf_counter() - t0}
+        out.update(sums)
+        return out
+
+    def logprobs(self, input_ids: list[int], start: int) -> list[float]:
+        """Learner log-probs of input_ids[start:] at the current weights (collective under ZeRO-3)."""
+        import torch
+
+        from trainer.losses import token_logprobs
+
+        ids = torch.tensor([input_ids], device=self.device)
+        with torch.no_grad():
+            logits = self.engine(input_ids=ids).logits
+        return token_logprobs(logits, ids, self.loss_cfg.temperature)[0, start:].float().tolist()
+
+    # ------------------------------------------------------- weights & state
+    def export_weights(self, bucket_bytes: int = 64 << 20) -> list[bytes] | None:
+        """Full fp32 weights as safetensors buckets on rank 0 (None elsewhere); collective."""
+        import deepspeed
+        import torch
+        from safetensors.torch import save
+
+        module = self.engine.module
+        buckets, current, size = [], {}, 0
+        for name, p in module.named_parameters():
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
+                if self.rank == 0:
+                    t = p.detach().to("cpu", torch.float32).clone()
+                    current[name] = t
+                    size += t.numel() * 4
+            if self.rank == 0 and size >= bucket_bytes:
+                buckets.append(save(current))
+                current, size = {}, 0
+        if self.rank == 0 and current:
+            buckets.append(save(current))
+        return buckets if self.rank == 0 else None
+
+    def save(self, path: str) -> None:
+        """DeepSpeed state (model, optimizer, scheduler) + step; collective."""
+        self.engine.save_checkpoint(path, tag="state", client_state={"step": self.step})
+
+    def load(self, path: str) -> int:
+        """Restore what `save` wrote; returns the step. Collective."""
+        _, client = self.engine.load_checkpoint(path, tag="state", load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
+        self.step = int(client["step"])
+        return self.step
+
+    def param_digest(self) -> str:
+        """A hash of this rank's full parameters (gathered under ZeRO-3), to compare ranks."""
+        import hashlib
+
+        import deepspeed
+
+        h = hashlib.sha256()
+        for _, p in self.engine.module.named_parameters():
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
+                h.update(p.detach().cpu().float().numpy().tobytes())
+        return h.hexdigest()
+

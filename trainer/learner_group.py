@@ -1,0 +1,62 @@
+"""LearnerGroup: the driver's handle on one policy's DeepSpeed ranks.
+
+Starts `world_size` Learner actors with resources from config, runs the
+rendezvous, and turns each collective call into one call on every rank,
+returning rank 0's answer. Shards a batch's micro-batches over the ranks.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from trainer.learner import Learner, LearnerConfig
+from trainer.losses import LossConfig
+from trainer.packing import MicroBatch, shard
+
+# per-rank metrics that add up over ranks (sums over each rank's tokens)
+SUMMED = ("tokens", "padded_tokens", "loss", "clip_frac", "ratio", "mismatch_kl", "kl_ref", "logp", "entropy")
+
+
+class LearnerGroup:
+    def __init__(self, model_path: str, cfg: LearnerConfig, loss: LossConfig, seed: int = 0,
+                 pad_id: int = 0, setup_timeout_s: float = 900.0):
+        self.cfg, self.pad_id = cfg, pad_id
+        cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus)(Learner)
+        self.ranks = [cls.remote(r, model_path, cfg, loss, seed) for r in range(cfg.world_size)]
+        addr, port = ray.get(self.ranks[0].master_address.remote())
+        # every rank must enter DeepSpeed's rendezvous at the same time
+        ray.get([r.setup.remote(addr, port) for r in self.ranks], timeout=setup_timeout_s)
+
+    def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
+        """One optimizer step on all ranks; metrics summed over ranks (ratio_max: max)."""
+        shards = shard(batches, self.cfg.world_size, self.pad_id)
+        results = ray.get([r.train_step.remote(s) for r, s in zip(self.ranks, shards)])
+        out = dict(results[0])  # step, lr, grad_norm: the same on every rank
+        for res in results[1:]:
+            for k in SUMMED:
+                out[k] += res[k]
+            for k in ("ratio_max", "seconds"):
+                out[k] = max(out[k], res[k])
+        return out
+
+    def export_weights(self, bucket_bytes: int = 64 << 20) -> ray.ObjectRef:
+        """Rank 0's safetensors buckets, as an ObjectRef (engines fetch it from the object store)."""
+        refs = [r.export_weights.remote(bucket_bytes) for r in self.ranks]
+        ray.get(refs[1:])  # the other ranks only take part in ZeRO-3 gathers
+        return refs[0]
+
+    def logprobs(self, input_ids: list[int], start: int) -> list[float]:
+        return ray.get([r.logprobs.remote(input_ids, start) for r in self.ranks])[0]
+
+    def save(self, path: str) -> None:
+        ray.get([r.save.remote(path) for r in self.ranks])
+
+    def load(self, path: str) -> int:
+        return ray.get([r.load.remote(path) for r in self.ranks])[0]
+
+    def param_digests(self) -> list[str]:
+        return ray.get([r.param_digest.remote() for r in self.ranks])
+
+    def shutdown(self) -> None:
+        for r in self.ranks:
+            ray.kill(r)

@@ -1,0 +1,107 @@
+"""The trace-level policy-gradient loss.
+
+For every trained token t (weight w_t from packing, advantage A_t from the
+trace), with the engine's behaviour log-prob as the old policy:
+
+    r_t   = exp(log pi(y_t) - log mu(y_t))                  importance ratio
+    pg_t  = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)   PPO clip
+    pg_t  = min(pg_t, -clip_c A_t)   for A_t < 0              dual clip (bounds stale / mismatched samples)
+    loss  = sum_t w_t (pg_t + kl_coef * KL_t)
+
+Using the engine's log-probs as the old policy corrects for both staleness
+(async rollout) and engine/learner numerical mismatch. At r = 1 the gradient is
+exactly sum_t w_t A_t grad log pi(y_t): the seed's estimator (invariant 2).
+KL_t is the k3 estimator against a frozen reference (Schulman 2020).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2  # PPO clip below 1
+    clip_high: float = 0.28  # PPO clip above 1 (DAPO's clip-higher)
+    dual_clip: float = 3.0  # bound on -r*A for negative advantages (0 disables)
+    kl_coef: float = 0.0  # weight of KL to the frozen reference (0: no reference model)
+    temperature: float = 1.0  # logits are divided by this, as the engine sampled
+    normalization: str = "token"  # token | sequence | trace | constant (see trainer/packing.py)
+    constant: float = 1024.0  # the "constant" normalisation's tokens per trace
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(input_ids[:, t] | < t) for t >= 1, as (rows, T); column 0 is 0.
+
+    `logits` is (rows, T, vocab) from a causal LM over `input_ids` (rows, T).
+    """
+    logits = logits[:, :-1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(logp, (1, 0))
+
+
+def entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per-position entropy of the sampling distribution, (rows, T), column 0 is 0; no grad."""
+    with torch.no_grad():
+        logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+        ent = -(logp.exp() * logp).sum(-1)
+    return torch.nn.functional.pad(ent, (1, 0))
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                weights: torch.Tensor, cfg: LossConfig,
+                ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted clipped policy-gradient loss over (rows, T) tensors; returns (loss, sums for metrics).
+
+    The loss is a plain weighted SUM: the normalisation lives in `weights`, so
+    summing partial losses over micro-batches and ranks gives the batch loss.
+    Metric values are sums over trained tokens (divide by `tokens` to average).
+    """
+    trained = weights != 0
+    log_ratio = torch.where(trained, logp - old_logp, torch.zeros_like(logp))
+    ratio = log_ratio.exp()
+    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    pg = -torch.minimum(ratio * advantages, clipped * advantages)
+    if cfg.dual_clip > 0:
+        pg = torch.where(advantages < 0, torch.minimum(pg, -cfg.dual_clip * advantages), pg)
+    per_token = pg
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None and cfg.kl_coef > 0:
+        d = torch.where(trained, ref_logp - logp, torch.zeros_like(logp))
+        kl = d.exp() - d - 1.0  # k3: unbiased, always >= 0
+        per_token = per_token + cfg.kl_coef * kl
+    loss = (weights * per_token).sum()
+    with torch.no_grad():
+        t = trained.float()
+        is_clipped = ((ratio - clipped).abs() > 1e-8) & trained
+        metrics = {
+            "tokens": t.sum(),
+            "clip_frac": is_clipped.float().sum(),
+            "ratio": (ratio * t).sum(),
+            "ratio_max": (ratio * t).max() if trained.any() else torch.tensor(0.0),
+            # k3 estimate of KL(mu || pi): how far the learner is from what the engine sampled
+            "mismatch_kl": ((ratio - 1.0 - log_ratio) * t).sum(),
+            "kl_ref": (kl * t).sum(),
+            "logp": (logp.detach() * t).sum(),
+        }
+    return loss, metrics
+
+
+def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None,
+                    device: str | torch.device = "cpu") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward one packed MicroBatch through a causal LM and return `policy_loss` (+ entropy sum)."""
+    ids = torch.as_tensor(mb.input_ids, device=device)
+    mask = torch.as_tensor(mb.attention_mask, device=device)
+    weights = torch.as_tensor(mb.weights, device=device)
+    logits = model(input_ids=ids, attention_mask=mask).logits  # (rows, T, vocab)
+    logp = token_logprobs(logits, ids, cfg.temperature)
+    ref_logp = None
+    if ref_model is not None and cfg.kl_coef > 0:
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref_model(input_ids=ids, attention_mask=mask).logits, ids, cfg.temperature)
+    loss, metrics = policy_loss(logp, torch.as_tensor(mb.old_logprobs, device=device),
+                                torch.as_tensor(mb.advantages, device=device), weights, cfg, ref_logp)
+    metrics["entropy"] = (entropy(logits, cfg.temperature) * (weights != 0)).sum()
+    return loss, metrics

@@ -1,0 +1,189 @@
+"""From traces to training rows to padded micro-batches.
+
+1. `token_weights`: every trainable generated token gets its loss weight,
+   fixed by the loss-normalisation choice over the WHOLE batch, before any
+   merging — so merging can change the compute but never the gradient.
+2. `build_rows`: within one trace and one policy, a sequence whose prompt
+   starts with an earlier row's tokens (prompt + completion, exactly) extends
+   that row: one training row, loss on every generated span, weight 0 on the
+   prompt / observation tokens in between. Chains of turns collapse to one
+   row; compaction, sub-agents and templates that rewrite history (no exact
+   prefix) stay separate rows. Frozen sequences make no rows.
+3. `pack`: rows into micro-batches under a token budget (rows x padded
+   length), longest first, so padding stays small.
+
+Alignment: in a row, position t holds token `input_ids[t]`; its weight,
+advantage and behaviour log-prob describe predicting that token from
+positions < t. Position 0 is never trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rollout.trace import Trace
+
+NORMALIZATIONS = ("token", "sequence", "trace", "constant")
+
+
+@dataclass
+class Row:
+    """One training row: one sequence, or a chain of exact-prefix sequences of one trace."""
+
+    input_ids: list[int]  # (T,)
+    weights: list[float]  # (T,) loss weight of each target token; 0 = not trained
+    advantages: list[float]  # (T,)
+    old_logprobs: list[float]  # (T,) behaviour log-probs from the engine (0 where untrained)
+    trace: str  # trace id
+    policy: str
+    sequences: list[int] = field(default_factory=list)  # indices in the trace, in order
+    unmerged_tokens: int = 0  # prompt + completion tokens of its sequences, counted separately
+
+
+@dataclass
+class MicroBatch:
+    """Padded arrays for one forward/backward pass (numpy: cheap through Ray's object store)."""
+
+    input_ids: np.ndarray  # (rows, T) int64, padded with pad_id
+    attention_mask: np.ndarray  # (rows, T) int64, 1 on real tokens
+    weights: np.ndarray  # (rows, T) float32
+    advantages: np.ndarray  # (rows, T) float32
+    old_logprobs: np.ndarray  # (rows, T) float32
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    @property
+    def num_trained(self) -> int:
+        return int((self.weights != 0).sum())
+
+
+def token_weights(traces: list[Trace], normalization: str, constant: float = 1024.0) -> list[list[float]]:
+    """Per-sequence loss weight of each generated token (same for every token of a sequence).
+
+    token:    1 / (trainable tokens in the batch)            -- every token counts equally
+    sequence: 1 / (trainable sequences * tokens in this one)  -- every sequence counts equally
+    trace:    1 / (traces * trainable tokens in this trace)   -- every trace counts equally
+    constant: 1 / (traces * constant)                         -- length-unbiased (Dr. GRPO)
+    Untrainable sequences (frozen, or in failed traces) and empty completions get 0.
+    """
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"algorithm.loss.normalization={normalization!r}; expected one of {NORMALIZATIONS}")
+    live = [[s.trainable and t.status != "failed" and len(s.completion_ids) > 0 for s in t.sequences]
+            for t in traces]
+    n_tokens = sum(len(s.completion_ids) for t, m in zip(traces, live) for s, ok in zip(t.sequences, m) if ok)
+    n_seqs = sum(sum(m) for m in live)
+    n_traces = sum(any(m) for m in live)
+    out = []
+    for t, m in zip(traces, live):
+        trace_tokens = sum(len(s.completion_ids) for s, ok in zip(t.sequences, m) if ok)
+        row = []
+        for s, ok in zip(t.sequences, m):
+            if not ok:
+                row.append(0.0)
+            elif normalization == "token":
+                row.append(1.0 / n_tokens)
+            elif normalization == "sequence":
+                row.append(1.0 / (n_seqs * len(s.completion_ids)))
+            elif normalization == "trace":
+                row.append(1.0 / (n_traces * trace_tokens))
+            else:
+                row.append(1.0 / (n_traces * constant))
+        out.append(row)
+    return out
+
+
+def build_rows(traces: list[Trace], advantages: list[list[float]], weights: list[list[float]],
+               merge: bool = True) -> list[Row]:
+    """Training rows for every sequence with a nonzero weight, merged by exact prefix if `merge`."""
+    rows: list[Row] = []
+    for trace, advs, ws in zip(traces, advantages, weights):
+        open_rows: list[Row] = []  # this trace's rows, candidates for extension
+        for i, (s, a, w) in enumerate(zip(trace.sequences, advs, ws)):
+            if w == 0.0:
+                continue
+            base = None
+            if merge:
+                for r in open_rows:  # the longest row that s's prompt extends exactly
+                    n = len(r.input_ids)
+                    if (r.policy == s.policy and n <= len(s.prompt_ids) and s.prompt_ids[:n] == r.input_ids
+                            and (base is None or n > len(base.input_ids))):
+                        base = r
+            if base is None:
+                base = Row([], [], [], [], trace.id, s.policy)
+                open_rows.append(base)
+            gap = len(s.prompt_ids) - len(base.input_ids)  # new prompt / observation tokens
+            base.input_ids += s.prompt_ids[len(base.input_ids):] + s.completion_ids
+            base.weights += [0.0] * gap + [w] * len(s.completion_ids)
+            base.advantages += [0.0] * gap + [a] * len(s.completion_ids)
+            base.old_logprobs += [0.0] * gap + list(s.logprobs)
+            base.sequences.append(i)
+            base.unmerged_tokens += s.num_tokens
+        rows.extend(open_rows)
+    return rows
+
+
+def pack(rows: list[Row], token_budget: int, pad_id: int = 0) -> list[MicroBatch]:
+    """Group rows (longest first) into micro-batches of at most `token_budget` padded tokens.
+
+    A row longer than the budget gets a micro-batch of its own.
+    """
+    order = sorted(rows, key=lambda r: len(r.input_ids), reverse=True)
+    groups: list[list[Row]] = []
+    for r in order:
+        # rows arrive longest first, so the group's padded length is its first row's
+        if groups and (len(groups[-1]) + 1) * len(groups[-1][0].input_ids) <= token_budget:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return [_pad(g, pad_id) for g in groups]
+
+
+def _pad(rows: list[Row], pad_id: int) -> MicroBatch:
+    shape = (len(rows), max(len(r.input_ids) for r in rows))
+    ids = np.full(shape, pad_id, dtype=np.int64)
+    mask = np.zeros(shape, dtype=np.int64)
+    w, adv, old = (np.zeros(shape, dtype=np.float32) for _ in range(3))
+    for i, r in enumerate(rows):
+        n = len(r.input_ids)
+        ids[i, :n], mask[i, :n] = r.input_ids, 1
+        w[i, :n], adv[i, :n], old[i, :n] = r.weights, r.advantages, r.old_logprobs
+    return MicroBatch(ids, mask, w, adv, old)
+
+
+def empty_microbatch(pad_id: int = 0) -> MicroBatch:
+    """A micro-batch that trains nothing: pads a rank's share so all ranks step together."""
+    row = Row([pad_id, pad_id], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], "", "")
+    return _pad([row], pad_id)
+
+
+def shard(batches: list[MicroBatch], world_size: int, pad_id: int = 0) -> list[list[MicroBatch]]:
+    """Split micro-batches over ranks, balancing tokens; every rank gets the same count."""
+    shards: list[list[MicroBatch]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for mb in sorted(batches, key=lambda b: b.input_ids.size, reverse=True):
+        k = min(range(world_size), key=lambda j: (load[j], len(shards[j])))
+        shards[k].append(mb)
+        load[k] += mb.input_ids.size
+    most = max(len(s) for s in shards)
+    for s in shards:
+        s.extend(empty_microbatch(pad_id) for _ in range(most - len(s)))
+    return shards
+
+
+def packing_stats(rows: list[Row], batches: list[MicroBatch]) -> dict[str, float]:
+    """Tokens before / after merging and the padding fraction of the micro-batches."""
+    before = sum(r.unmerged_tokens for r in rows)
+    after = sum(len(r.input_ids) for r in rows)
+    padded = sum(mb.input_ids.size for mb in batches)
+    return {
+        "tokens_unmerged": float(before),
+        "tokens_merged": float(after),
+        "merge_saving": 1.0 - after / before if before else 0.0,
+        "rows": float(len(rows)),
+        "micro_batches": float(len(batches)),
+        "padding_fraction": 1.0 - after / padded if padded else 0.0,
+    }

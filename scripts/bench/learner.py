@@ -1,0 +1,181 @@
+"""Benchmark the learner side, each comparison measured side by side in one run.
+
+    python scripts/bench/learner.py [--models tiny,smollm2_135m] [--sections a,b,c]
+
+(a) trained tokens/s: LearnerGroup (2 DeepSpeed ranks on Ray, ZeRO-2) vs a plain
+    single-process torch forward + backward + AdamW loop on the same micro-batches.
+(b) multi-turn traces with 2, 4, 8 turns: tokens processed and fwd+bwd time with
+    prefix merging vs without, against the unique-token count (the floor).
+(c) weight sync: seconds and bytes/s of ObjectStoreSync (learners -> object store
+    -> engine, in place) vs a plain in-memory copy of the same bytes.
+The last output line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+# scripts/bench/rollout.py would shadow the `rollout` package: keep this folder off sys.path.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+import torch  # noqa: E402
+
+from rollout.client import ChatFormat  # noqa: E402
+from rollout.cluster import spawn_engines, start_ray  # noqa: E402
+from rollout.config import EngineConfig, ModelConfig, RayConfig  # noqa: E402
+from rollout.models import resolve_model  # noqa: E402
+from rollout.trace import Sequence, Trace  # noqa: E402
+from trainer.learner import LearnerConfig  # noqa: E402
+from trainer.learner_group import LearnerGroup  # noqa: E402
+from trainer.losses import LossConfig, microbatch_loss  # noqa: E402
+from trainer.packing import build_rows, pack, packing_stats, token_weights  # noqa: E402
+from trainer.weight_sync import ObjectStoreSync  # noqa: E402
+
+
+def conversation_trace(fmt: ChatFormat, vocab: int, turns: int, gen: int, obs: int, rng: random.Random,
+                       tid: str) -> Trace:
+    """One agent's multi-turn conversation: `turns` sequences, each extending the last exactly."""
+    prompt = fmt.render([{"role": "user", "content": "Solve the task step by step."}])
+    seqs = []
+    for k in range(turns):
+        completion = [rng.randrange(10, vocab) for _ in range(gen)]
+        seqs.append(Sequence(prompt, completion, [-1.0] * gen, "solver", "main", 0, parent=k - 1 if k else None))
+        prompt = prompt + completion + [rng.randrange(10, vocab) for _ in range(obs)]
+    return Trace(tid, "g", seqs, reward=1.0)
+
+
+def batches_for(traces: list[Trace], merge: bool, budget: int):
+    advs = [[0.5] * len(t.sequences) for t in traces]
+    rows = build_rows(traces, advs, token_weights(traces, "token"), merge=merge)
+    mbs = pack(rows, budget)
+    return rows, mbs
+
+
+def fwd_bwd_seconds(model, mbs) -> float:
+    t0 = time.perf_counter()
+    for mb in mbs:
+        microbatch_loss(model, mb, LossConfig())[0].backward()
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) -> dict:
+    rng = random.Random(0)
+    traces = [conversation_trace(fmt, vocab, 1, 96, 0, rng, f"t{i}") for i in range(n_rows)]
+    _, mbs = batches_for(traces, True, budget)
+    trained = sum(mb.num_trained for mb in mbs)
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    plain = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        for mb in mbs:
+            microbatch_loss(model, mb, LossConfig())[0].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        plain.append(time.perf_counter() - t0)
+    del model, opt
+
+    group = LearnerGroup(path, LearnerConfig(world_size=2, num_cpus=1, zero_stage=2, lr=1e-6), LossConfig())
+    ds = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        group.train_step(mbs)
+        ds.append(time.perf_counter() - t0)
+    group.shutdown()
+    p, d = min(plain[1:]), min(ds[1:])  # first step is warm-up
+    return {"trained_tokens": trained, "plain_tok_s": round(trained / p, 1),
+            "learner_tok_s": round(trained / d, 1), "ratio": round(p / d, 3)}
+
+
+def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    out = {}
+    for turns in (2, 4, 8):
+        rng = random.Random(turns)
+        traces = [conversation_trace(fmt, vocab, turns, 24, 12, rng, f"t{i}") for i in range(4)]
+        unique = sum(len(t.sequences[-1].prompt_ids) + len(t.sequences[-1].completion_ids) for t in traces)
+        res = {"unique_tokens": unique}
+        for merge in (True, False):
+            rows, mbs = batches_for(traces, merge, budget)
+            fwd_bwd_seconds(model, mbs[:1])  # warm-up
+            secs = min(fwd_bwd_seconds(model, mbs) for _ in range(2))
+            stats = packing_stats(rows, mbs)
+            key = "merged" if merge else "unmerged"
+            res[f"{key}_tokens"] = int(stats["tokens_merged"])
+            res[f"{key}_padded_tokens"] = int(sum(mb.input_ids.size for mb in mbs))
+            res[f"{key}_s"] = round(secs, 3)
+        res["speedup"] = round(res["unmerged_s"] / res["merged_s"], 2)
+        out[f"turns_{turns}"] = res
+    return out
+
+
+def section_c(path: str, model_name: str, rounds: int = 3) -> dict:
+    engine_cfg = EngineConfig(num_cpus=1, kv_cache_gb=0.5)
+    [engine] = spawn_engines(path, ModelConfig(name=model_name), engine_cfg, "main")
+    group = LearnerGroup(path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2), LossConfig())
+    sync = ObjectStoreSync(group, [engine])
+    results = [sync.push(v) for v in range(1, rounds + 1)]
+    nbytes = int(results[0]["bytes"])
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    copies = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        dst = src.copy()
+        copies.append(time.perf_counter() - t0)
+    del dst
+    group.shutdown()
+    ray.get(engine.shutdown.remote())
+    ray.kill(engine)
+    best = min(results, key=lambda r: r["seconds"])
+    copy_s = min(copies)
+    return {"bytes": nbytes, "sync_s": round(best["seconds"], 3),
+            "export_s": round(best["export_seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
+            "sync_bytes_per_s": round(nbytes / best["seconds"]), "memcpy_s": round(copy_s, 4),
+            "memcpy_bytes_per_s": round(nbytes / copy_s), "sync_over_memcpy": round(best["seconds"] / copy_s, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,smollm2_135m")
+    ap.add_argument("--sections", default="a,b,c")
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--budget", type=int, default=1024, help="padded tokens per micro-batch")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    start_ray(RayConfig(num_cpus=4))
+    result = {"bench": "learner"}
+    for name in args.models.split(","):
+        path = resolve_model(name)
+        fmt = ChatFormat.from_pretrained(path)
+        vocab = fmt.vocab_size
+        res = {}
+        if "a" in args.sections:
+            res["a_throughput"] = section_a(path, fmt, vocab, args.rows, args.steps, args.budget)
+            print(name, "a", res["a_throughput"], flush=True)
+        if "b" in args.sections:
+            res["b_merging"] = section_b(path, fmt, vocab, args.budget)
+            print(name, "b", res["b_merging"], flush=True)
+        if "c" in args.sections:
+            res["c_weight_sync"] = section_c(path, name)
+            print(name, "c", res["c_weight_sync"], flush=True)
+        result[name] = res
+    ray.shutdown()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Invariant 4: after a weight sync the engine generates from the learner's new weights."""
+
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+
+from rollout.config import SamplingConfig
+from tests.trainer.test_learner import fixed_batch
+from trainer import checkpoint
+from trainer.learner import LearnerConfig
+from trainer.learner_group import LearnerGroup
+from trainer.losses import LossConfig
+from trainer.weight_sync import ObjectStoreSync
+
+
+def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny, tiny_tokenizer, tmp_path):
+    from tests.rollout.test_engine import prompt_ids
+
+    prompt = prompt_ids(tiny_tokenizer)
+    [c] = ray.get(engine.generate.remote(prompt, SamplingConfig(max_tokens=16)))
+    ids = prompt + c.completion_ids
+    before = torch.tensor(ray.get(engine.score.remote(prompt, c.completion_ids)))
+
+    learners = LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=3, lr=3e-3),
+                            LossConfig())
+    try:
+        assert (torch.tensor(learners.logprobs(ids, len(prompt))) - before).abs().max() < 1e-3
+        batches = fixed_batch(hf_tiny, tiny_tokenizer)
+        for _ in range(3):
+            learners.train_step(batches)
+        learner_lp = torch.tensor(learners.logprobs(ids, len(prompt)))
+        assert (learner_lp - before).abs().max() > 0.01, "training must change the log-probs"
+
+        version = ray.get(engine.info.remote())["version"] + 1
+        stats = ObjectStoreSync(learners, [engine], bucket_bytes=300_000).push(version)
+        assert stats["bytes"] > 1e6 and stats["seconds"] > 0
+        after = torch.tensor(ray.get(engine.score.remote(prompt, c.completion_ids)))
+        assert (after - learner_lp).abs().max() < 1e-3
+        assert ray.get(engine.info.remote())["version"] == version
+        [c2] = ray.get(engine.generate.remote(prompt, SamplingConfig(max_tokens=4)))
+        assert c2.version == version
+
+        # the HF export loads in transformers and gives the learner's log-probs
+        d = checkpoint.save_hf(learners, tiny_path, tmp_path / "hf")
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)
+        hf_lp = logp[torch.arange(len(prompt) - 1, len(ids) - 1), torch.tensor(c.completion_ids)]
+        assert (hf_lp - learner_lp).abs().max() < 1e-4
+    finally:
+        learners.shutdown()
+        # put the shared engine back on the original weights for other tests
+        from safetensors.torch import save
+
+        ray.get(engine.update_weights.remote(
+            ray.get(engine.info.remote())["version"] + 1,
+            [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})]))

@@ -25,7 +25,8 @@ train: setup
 		rollout.num_traces=16 out=runs/traces.jsonl $(ARGS)
 
 bench: setup
-	$(PY) scripts/bench/rollout.py $(ARGS)
+	$(PY) scripts/bench/rollout.py
+	$(PY) scripts/bench/learner.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

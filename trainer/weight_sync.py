@@ -34,6 +34,7 @@ class ObjectStoreSync:
         """Send the learners' current weights to every engine as `version`; returns timings."""
         t0 = time.perf_counter()
         buckets = self.learners.export_weights(self.bucket_bytes)  # ObjectRef: stays in the store
+        ray.wait([buckets], fetch_local=False)  # rank 0 has finished serialising
         t_export = time.perf_counter() - t0
         results = ray.get([e.update_weights.remote(version, buckets) for e in self.engines])
         seconds = time.perf_counter() - t0

@@ -126,3 +126,19 @@ def test_one_step_equals_single_process_sgd(ray_cluster, tiny_path, hf_tiny, tin
                                       AutoModelForCausalLM.from_pretrained(tiny_path).parameters()))
     assert moved > 1e-3, "the step must move the weights"
     assert delta < 1e-6 * max(1.0, moved) * 100, (delta, moved)
+
+
+def test_bf16_zero2_trains_and_ranks_agree(ray_cluster, tiny_path, hf_tiny, tiny_tokenizer):
+    batches = fixed_batch(hf_tiny, tiny_tokenizer)
+    g = LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, dtype="bfloat16",
+                                              lr=1e-4), LossConfig())
+    try:
+        first = g.train_step(batches)
+        for _ in range(3):
+            last = g.train_step(batches)
+        assert last["loss"] < first["loss"], (first["loss"], last["loss"])
+        assert np.isfinite(last["grad_norm"]) and last["grad_norm"] > 0
+        a, b = g.param_digests()
+        assert a == b
+    finally:
+        g.shutdown()

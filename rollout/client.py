@@ -18,6 +18,7 @@ the trainer can merge them into one training row.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Protocol
 
 from rollout.config import FROZEN_POLICY, SamplingConfig
@@ -31,8 +32,8 @@ _MARK = "TRACERL_TURN_MARK"  # placeholder assistant text used to cut template t
 class Backend(Protocol):
     """Where an agent's requests go (the router over a policy's engines)."""
 
-    async def generate(self, key: str, prompt_ids: list[int],
-                       sampling: SamplingConfig) -> list[Completion]: ...
+    async def generate(self, key: str, prompt_ids: list[int], sampling: SamplingConfig,
+                       seed: int | None = None) -> list[Completion]: ...
 
 
 class ChatFormat:
@@ -105,7 +106,9 @@ class Agent:
     """One harness role bound to one policy. Every call is recorded in the trace."""
 
     def __init__(self, role: str, policy: str, backend: Backend, chat_format: ChatFormat,
-                 recorder: TraceRecorder, sampling: SamplingConfig):
+                 recorder: TraceRecorder, sampling: SamplingConfig, seed: int | None = None):
+        """`seed`: if set, every call samples with a seed derived from it, the trace id,
+        the role and the call's number, so a rollout can be replayed exactly."""
         self.role = role
         self.policy = policy
         self.trainable = policy != FROZEN_POLICY
@@ -113,12 +116,20 @@ class Agent:
         self._backend = backend
         self._recorder = recorder
         self._sampling = sampling
+        self._seed = seed
+        self._calls = 0
+
+    def _call_seed(self) -> int | None:
+        self._calls += 1
+        if self._seed is None:
+            return None
+        return zlib.crc32(f"{self._seed}:{self._recorder.trace_id}:{self.role}:{self._calls}".encode())
 
     async def generate(self, prompt_ids: list[int], parent: int | None = None,
                        **sampling) -> tuple[Completion, int]:
         """Low level: one completion of raw prompt ids; returns it and its sequence index."""
         params = dataclasses.replace(self._sampling, n=1, **sampling)
-        [c] = await self._backend.generate(self._recorder.trace_id, prompt_ids, params)
+        [c] = await self._backend.generate(self._recorder.trace_id, prompt_ids, params, self._call_seed())
         index = self._recorder.record(Sequence(
             prompt_ids=prompt_ids, completion_ids=c.completion_ids, logprobs=c.logprobs,
             agent=self.role, policy=self.policy, version=c.version, trainable=self.trainable,

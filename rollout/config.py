@@ -55,7 +55,7 @@ class RolloutConfig:
     group_size: int = 4  # traces per task instance (group baselines)
     timeout_s: float = 300.0  # per-episode limit; past it the trace is failed
     num_traces: int = 32  # scripts/rollout.py: traces to generate
-    seed: int = 0  # task sampling seed
+    seed: int = 0  # task sampling seed, and the base of every model call's sampling seed
 
 
 @dataclass

@@ -21,7 +21,7 @@ class Router:
     def pick(self, key: str):
         return self.engines[zlib.crc32(key.encode()) % len(self.engines)]
 
-    async def generate(self, key: str, prompt_ids: list[int],
-                       sampling: SamplingConfig) -> list[Completion]:
+    async def generate(self, key: str, prompt_ids: list[int], sampling: SamplingConfig,
+                       seed: int | None = None) -> list[Completion]:
         """Send one request to the engine `key` (the trace id) is pinned to."""
-        return await self.pick(key).generate.remote(prompt_ids, sampling)
+        return await self.pick(key).generate.remote(prompt_ids, sampling, seed)

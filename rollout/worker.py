@@ -57,11 +57,12 @@ class RolloutWorker:
         self.counts: Counter[str] = Counter(traces_ok=0, traces_failed=0, traces_truncated=0)
         self.generated_tokens = 0
 
-    async def episode(self, task, group: str, sample: int) -> Trace:
+    async def episode(self, task, group: str, sample: int, sampling: SamplingConfig | None = None) -> Trace:
         """Run the harness once on `task`; always returns a Trace (failed on any error)."""
         recorder = TraceRecorder(f"{group}#{sample}")
         agents = {role: Agent(role, policy, self.routers[policy], self.formats[policy], recorder,
-                              self.sampling) for role, policy in self.agents.items()}
+                              sampling or self.sampling, seed=self.cfg.seed)
+                  for role, policy in self.agents.items()}
         start = time.time()
         status, error, result = "ok", None, None
         try:
@@ -102,6 +103,17 @@ class RolloutWorker:
                 for k in range(self.cfg.group_size)]
         await asyncio.gather(*jobs)
         return await self.stats()
+
+    async def evaluate(self, indices: list[int], sampling: SamplingConfig) -> list[Trace]:
+        """Run the harness once on each held-out task in `indices` with `sampling` (not buffered)."""
+        tasks = self.tasks.eval_tasks()
+        sem = asyncio.Semaphore(self.cfg.concurrency)
+
+        async def one(task) -> Trace:
+            async with sem:
+                return await self.episode(task, task.id, 0, sampling)
+
+        return list(await asyncio.gather(*(one(tasks[i]) for i in indices)))
 
     async def stats(self) -> dict[str, Any]:
         return {"worker": self.worker_id, **self.counts, "generated_tokens": self.generated_tokens}

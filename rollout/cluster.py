@@ -30,7 +30,7 @@ def start_ray(cfg: RayConfig) -> None:
 def spawn_engines(model_path: str, model: ModelConfig, cfg: EngineConfig, policy: str,
                   seed: int = 0) -> list:
     """Start `cfg.num_engines` Engine actors for one policy and wait until they are up."""
-    cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus)(Engine)
+    cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None)(Engine)
     engines = [cls.options(max_concurrency=1000).remote(
         model_path, cfg, policy=policy, dtype=model.dtype, max_model_len=model.max_model_len,
         seed=seed + i) for i in range(cfg.num_engines)]

@@ -39,6 +39,7 @@ class EngineConfig:
     num_engines: int = 1  # engines per policy; requests are routed sticky per trace
     num_cpus: float = 1.0  # Ray CPUs reserved per engine actor
     num_gpus: float = 0.0  # Ray GPUs per engine actor (0 on CPU machines)
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources (node placement)
     kv_cache_gb: float = 1.0  # KV cache size per engine, GiB
     gpu_memory_utilization: float = 0.85  # GPU only: fraction of device memory for vLLM
     tensor_parallel_size: int = 1  # GPU only

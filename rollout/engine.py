@@ -93,6 +93,9 @@ class Engine:
         self._llm = AsyncLLM.from_engine_args(engine_args(model_path, cfg, dtype, max_model_len, seed))
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
+        self._active = 0  # requests in flight
+        self._busy_s = 0.0  # seconds with at least one request in flight
+        self._busy_since = 0.0
 
     # ------------------------------------------------------------ generation
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
@@ -104,9 +107,17 @@ class Engine:
                 f"model.max_model_len {self._llm.model_config.max_model_len}")
         version = self.version
         final = None
-        async for out in self._llm.generate({"prompt_token_ids": list(prompt_ids)},
-                                            sampling_params(sampling, seed), uuid.uuid4().hex):
-            final = out
+        if self._active == 0:
+            self._busy_since = time.perf_counter()
+        self._active += 1
+        try:
+            async for out in self._llm.generate({"prompt_token_ids": list(prompt_ids)},
+                                                sampling_params(sampling, seed), uuid.uuid4().hex):
+                final = out
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._busy_s += time.perf_counter() - self._busy_since
         assert final is not None, "vLLM returned no output"
         return [Completion(
             completion_ids=list(o.token_ids),
@@ -152,8 +163,13 @@ class Engine:
 
     # ------------------------------------------------------------ metadata
     async def info(self) -> dict:
+        import ray
+
+        busy = self._busy_s + (time.perf_counter() - self._busy_since if self._active else 0.0)
         return {"policy": self.policy, "version": self.version, "vocab_size": self.vocab_size,
-                "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len}
+                "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
+                "busy_s": busy,
+                "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
 
     async def shutdown(self) -> None:
         self._llm.shutdown()

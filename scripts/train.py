@@ -21,7 +21,7 @@ import hydra  # noqa: E402
 import ray  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from trainer.config import TrainJobConfig, register_configs  # noqa: E402
+from trainer.config import TrainJobConfig, register_configs, validate  # noqa: E402
 from trainer.loop import train  # noqa: E402
 
 register_configs()
@@ -30,6 +30,11 @@ register_configs()
 @hydra.main(version_base=None, config_path="../conf", config_name="train")
 def main(dcfg: DictConfig) -> None:
     cfg: TrainJobConfig = OmegaConf.to_object(dcfg)
+    try:
+        validate(cfg)  # before Ray starts: a bad combination fails here, naming the key
+    except ValueError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
     try:
         summary = train(cfg)
     finally:

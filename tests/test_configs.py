@@ -64,3 +64,21 @@ def test_bad_values_fail_validation(override, msg):
 def test_unmapped_role_fails():
     with pytest.raises(ValueError, match=r"agents: harness 'solver_verifier' uses roles \['verifier'\]"):
         load(["harness=solver_verifier", "~agents.verifier"])
+
+
+def test_every_train_experiment_composes_and_validates():
+    from trainer.config import TrainJobConfig
+    from trainer.config import register_configs as register_train
+    from trainer.config import validate as validate_train
+
+    register_train()
+    experiments = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+    assert "smoke" in experiments
+    for name in experiments + [None]:
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            cfg = OmegaConf.to_object(compose("train", overrides=[f"experiment={name}"] if name else []))
+        assert isinstance(cfg, TrainJobConfig)
+        validate_train(cfg)
+    for algo in sorted(p.stem for p in (CONF / "algorithm").glob("*.yaml")):
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            validate_train(OmegaConf.to_object(compose("train", overrides=[f"algorithm={algo}"])))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import MicroBatch
@@ -28,6 +28,8 @@ class LearnerConfig:
     world_size: int = 2  # DeepSpeed ranks (Ray actors)
     num_cpus: float = 1.0  # Ray CPUs per rank
     num_gpus: float = 0.0  # Ray GPUs per rank (1 on GPU machines)
+    torch_threads: int = 0  # CPU: intra-op threads per rank (0: Ray's default, num_cpus)
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources (node placement)
     zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
     dtype: str = "float32"  # float32 | bfloat16
     optimizer: str = "adamw"  # adamw | sgd
@@ -81,6 +83,8 @@ class Learner:
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo",
                                    timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
         torch.manual_seed(self.seed)
+        if cfg.torch_threads > 0:
+            torch.set_num_threads(cfg.torch_threads)
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
@@ -110,7 +114,10 @@ class Learner:
         }
         self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)
-        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters())}
+        import ray
+
+        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()),
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     # ---------------------------------------------------------------- train
     def train_step(self, shard: list[MicroBatch]) -> dict[str, float]:

@@ -21,11 +21,13 @@ class LearnerGroup:
     def __init__(self, model_path: str, cfg: LearnerConfig, loss: LossConfig, seed: int = 0,
                  pad_id: int = 0, setup_timeout_s: float = 900.0):
         self.cfg, self.pad_id = cfg, pad_id
-        cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus)(Learner)
+        cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus,
+                         resources=dict(cfg.resources) or None)(Learner)
         self.ranks = [cls.remote(r, model_path, cfg, loss, seed) for r in range(cfg.world_size)]
         addr, port = ray.get(self.ranks[0].master_address.remote())
         # every rank must enter DeepSpeed's rendezvous at the same time
-        ray.get([r.setup.remote(addr, port) for r in self.ranks], timeout=setup_timeout_s)
+        infos = ray.get([r.setup.remote(addr, port) for r in self.ranks], timeout=setup_timeout_s)
+        self.node_ids = [i["node_id"] for i in infos]  # where each rank runs
 
     def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
         """One optimizer step on all ranks; metrics summed over ranks (ratio_max: max)."""

@@ -145,6 +145,11 @@ class Run:
         self.sync.push(state["version"])
         return state["step"]
 
+    def shutdown(self) -> None:
+        self.learners.shutdown()
+        for actor in [*self.workers, self.buffer, *(e for pool in self.engines.values() for e in pool)]:
+            ray.kill(actor)
+
 
 def train(cfg: TrainJobConfig) -> dict:
     """Run the training job; returns the summary (also written to run_dir/summary.json)."""
@@ -156,10 +161,17 @@ def train(cfg: TrainJobConfig) -> dict:
     random.seed(cfg.trainer.seed)
     np.random.seed(cfg.trainer.seed)
     torch.manual_seed(cfg.trainer.seed)
-    t = cfg.trainer
 
     # ---- actors --------------------------------------------------------------------
     run = Run(cfg)
+    try:
+        return _loop(cfg, run, t_start)
+    finally:
+        run.shutdown()
+
+
+def _loop(cfg: TrainJobConfig, run: Run, t_start: float) -> dict:
+    t, run_dir = cfg.trainer, Path(cfg.run_dir)
     logger = RunLogger(run_dir, cfg.logger.backend, cfg.logger.mode, cfg.logger.project, cfg.logger.name,
                        asdict(cfg), resume=bool(t.resume))
     start = run.resume(t.resume) if t.resume else 0
@@ -198,7 +210,7 @@ def train(cfg: TrainJobConfig) -> dict:
 
         # ---- log -----------------------------------------------------------------------
         m = rollout_metrics(traces)
-        m.update({f"rollout/{k.split('/')[1]}": v for k, v in advantage_stats(fresh, advs).items()})
+        m.update({f"rollout/adv_{k.split('/')[1]}": v for k, v in advantage_stats(fresh, advs).items()})
         if stats is not None:
             m.update(train_metrics(stats, packing_stats(rows, batches)))
             trained_tokens += stats["tokens"]
@@ -220,11 +232,13 @@ def train(cfg: TrainJobConfig) -> dict:
             run.checkpoint(done, version)
 
     # ---- summary -------------------------------------------------------------------
+    infos = ray.get([e.info.remote() for pool in run.engines.values() for e in pool])
     summary = {"initial_eval_reward": initial_eval, "final_eval_reward": eval_reward, "eval_size": cfg.eval.size,
                "steps": t.steps, "start_step": start, "wall_s": round(time.time() - t_start, 1),
                "trained_tokens": trained_tokens, "dropped_stale": dropped,
-               "trainable_policies": sorted(p for p in cfg.agents.values() if p != FROZEN_POLICY)}
+               "trainable_policies": sorted(p for p in cfg.agents.values() if p != FROZEN_POLICY),
+               "engine_busy_s": sum(i["busy_s"] for i in infos if i["policy"] != FROZEN_POLICY),
+               "nodes": {"engines": [i["node_id"] for i in infos], "learners": run.learners.node_ids}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     logger.close()
-    run.learners.shutdown()
     return summary

@@ -1,0 +1,77 @@
+"""A two-node Ray cluster on this machine, the job submitted with scripts/submit.sh.
+
+The head and a second node each get their own temp dir, ports and a custom
+resource; the cluster preset puts the engine on the head and the learner ranks
+on the second node. The test stops only the processes it started.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args, env, log):
+    # own process group: stopping it stops exactly this node's Ray processes
+    return subprocess.Popen([RAY, "start", "--block", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_for_dashboard(url: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url + "/api/version", timeout=2).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)  # an external process coming up: nothing to block on
+
+
+@pytest.mark.slow
+def test_submit_to_two_node_cluster(tmp_path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    gcs, dash = free_port(), free_port()
+    logs = open(tmp_path / "ray.log", "w")
+    nodes = [start([f"--port={gcs}", "--head", "--num-cpus=2", f"--dashboard-port={dash}",
+                    "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={tmp_path / 'head'}",
+                    '--resources={"rollout_node": 1}'], env, logs)]
+    try:
+        wait_for_dashboard(f"http://127.0.0.1:{dash}")
+        nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={tmp_path / 'node2'}",
+                            '--resources={"learner_node": 1}'], env, logs))
+        run_dir = tmp_path / "run"
+        proc = subprocess.run(
+            ["bash", "scripts/submit.sh", "experiment=smoke", "cluster=two_node_cpu", "trainer.steps=2",
+             "eval.size=4", f"run_dir={run_dir}"],
+            cwd=ROOT, env={**env, "RAY_ADDRESS": f"http://127.0.0.1:{dash}"}, capture_output=True, text=True,
+            timeout=900)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        assert "succeeded" in proc.stdout + proc.stderr
+        summary = json.loads((run_dir / "summary.json").read_text())
+        engines, learners = summary["nodes"]["engines"], summary["nodes"]["learners"]
+        assert len(learners) == 2 and len(set(learners)) == 1
+        assert set(engines).isdisjoint(learners), "engines on the head, learner ranks on node 2"
+    finally:
+        for p in reversed(nodes):
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in nodes:
+            p.wait(timeout=60)
+        logs.close()

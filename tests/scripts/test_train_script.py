@@ -1,0 +1,54 @@
+"""scripts/train.py from the command line: the smoke run, and clear errors for bad config."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def train(*args, timeout=900):
+    return subprocess.run([sys.executable, "scripts/train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+
+
+@pytest.mark.slow
+def test_smoke_experiment_learns_in_sync_mode(tmp_path):
+    proc = train("experiment=smoke", f"run_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 20 and summary["eval_size"] == 32
+    assert summary["initial_eval_reward"] < 0.3
+    assert summary["final_eval_reward"] > 0.8, summary
+    assert "[train] step   20/20" in proc.stdout
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    for key in ("rollout/reward", "train/loss", "train/clip_frac", "train/mismatch_kl", "train/entropy",
+                "train/grad_norm", "perf/train_tokens_per_s", "sync/seconds", "async/staleness_max"):
+        assert key in last, key
+    assert last["async/staleness_max"] == 0  # synchronous: every trained token from current weights
+    assert (tmp_path / "config.yaml").exists()
+    assert (tmp_path / "checkpoints/step_000020/hf/model.safetensors").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("learner.lr=oops", "learner.lr"),
+    ("trainer.lr=oops", "Could not override 'trainer.lr'"),
+    ("trainer.stepz=3", "Could not override 'trainer.stepz'"),
+])
+def test_bad_config_fails_at_start_naming_the_key(override, message):
+    proc = train(override, timeout=120)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_combination_fails_before_ray_starts():
+    proc = train("sampling.top_p=0.9", timeout=120)
+    assert proc.returncode == 2
+    assert "config error: sampling.top_p must be 1.0 for training" in proc.stderr
+    assert "Started a local Ray instance" not in proc.stderr + proc.stdout

@@ -7,7 +7,7 @@ export TRACERL_CACHE ?= $(HOME)/.cache/tracerl
 export RAY_AUTH_MODE ?= disabled
 export WANDB_MODE ?= offline
 
-.PHONY: setup test test-fast train rollout bench clean
+.PHONY: setup test test-fast train smoke bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -18,15 +18,18 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow" $(PYTEST_ARGS)
 
-# Until the training loop lands, `make train` generates solver_verifier traces
-# with SmolLM2-135M through the full rollout path.
+# SmolLM2-135M-Instruct as solver and verifier on reasoning-gym chain_sum (conf/experiment/).
 train: setup
-	$(PY) scripts/rollout.py model=smollm2_135m harness=solver_verifier task=chain_sum \
-		rollout.num_traces=16 out=runs/traces.jsonl $(ARGS)
+	$(PY) scripts/train.py experiment=smollm2_solver_verifier $(ARGS)
+
+# The tiny-model run the end-to-end test uses (a few minutes).
+smoke: setup
+	$(PY) scripts/train.py experiment=smoke run_dir=runs/smoke $(ARGS)
 
 bench: setup
 	$(PY) scripts/bench/rollout.py
 	$(PY) scripts/bench/learner.py
+	$(PY) scripts/bench/e2e.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -43,6 +43,13 @@ class LearnerConfig:
     dist_timeout_s: float = 600.0  # collective-op timeout
 
 
+def _grad_norm(module) -> float:
+    import torch
+
+    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -127,16 +134,20 @@ class Learner:
         eng.set_train_batch_size(len(shard) * self.cfg.world_size)
         sums: dict[str, float] = {}
         loss_total = 0.0
-        for mb in shard:
+        own_norm = None
+        for i, mb in enumerate(shard):
             loss, metrics = microbatch_loss(eng, mb, self.loss_cfg, self.ref_model, self.device)
             # DeepSpeed averages gradients over ranks: scale back to a sum; no division by GAS.
             eng.backward(loss * self.cfg.world_size, scale_wrt_gas=False)
+            if i == len(shard) - 1 and self.cfg.zero_stage == 0:
+                own_norm = _grad_norm(eng.module)  # ZeRO-0 fp32 does not record it
             eng.step()
             loss_total += loss.item()
             for k, v in metrics.items():
                 sums[k] = max(sums.get(k, 0.0), v.item()) if k == "ratio_max" else sums.get(k, 0.0) + v.item()
         self.step += 1
         grad_norm = eng.get_global_grad_norm()
+        grad_norm = grad_norm if grad_norm is not None else own_norm
         out = {"loss": loss_total, "grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
                "lr": self.scheduler.get_last_lr()[0], "step": self.step,
                "tokens": sums.pop("tokens", 0.0), "padded_tokens": float(sum(m.input_ids.size for m in shard)),

@@ -171,9 +171,16 @@ def train(cfg: TrainJobConfig) -> dict:
 
 
 def _loop(cfg: TrainJobConfig, run: Run, t_start: float) -> dict:
+    logger = RunLogger(Path(cfg.run_dir), cfg.logger.backend, cfg.logger.mode, cfg.logger.project,
+                       cfg.logger.name, asdict(cfg), resume=bool(cfg.trainer.resume))
+    try:
+        return _steps(cfg, run, logger, t_start)
+    finally:
+        logger.close()
+
+
+def _steps(cfg: TrainJobConfig, run: Run, logger: RunLogger, t_start: float) -> dict:
     t, run_dir = cfg.trainer, Path(cfg.run_dir)
-    logger = RunLogger(run_dir, cfg.logger.backend, cfg.logger.mode, cfg.logger.project, cfg.logger.name,
-                       asdict(cfg), resume=bool(t.resume))
     start = run.resume(t.resume) if t.resume else 0
     version = start
     initial_eval = run.evaluate()
@@ -196,7 +203,8 @@ def _loop(cfg: TrainJobConfig, run: Run, t_start: float) -> dict:
         lags = [staleness(tr, version) for tr in fresh] or [0]
         advs = compute_advantages(fresh, cfg.algorithm.advantage)
         weights = token_weights(fresh, cfg.algorithm.loss.normalization, cfg.algorithm.loss.constant)
-        rows = build_rows(fresh, advs, weights, merge=cfg.algorithm.merge_prefixes)
+        rows = build_rows(fresh, advs, weights, merge=cfg.algorithm.merge_prefixes,
+                          skip_zero_advantage=cfg.algorithm.loss.kl_coef == 0)
         batches = pack(rows, cfg.learner.micro_batch_tokens, run.pad_id)
 
         # ---- train, then weights to the engines --------------------------------------
@@ -236,9 +244,8 @@ def _loop(cfg: TrainJobConfig, run: Run, t_start: float) -> dict:
     summary = {"initial_eval_reward": initial_eval, "final_eval_reward": eval_reward, "eval_size": cfg.eval.size,
                "steps": t.steps, "start_step": start, "wall_s": round(time.time() - t_start, 1),
                "trained_tokens": trained_tokens, "dropped_stale": dropped,
-               "trainable_policies": sorted(p for p in cfg.agents.values() if p != FROZEN_POLICY),
+               "trainable_policies": sorted({p for p in cfg.agents.values() if p != FROZEN_POLICY}),
                "engine_busy_s": sum(i["busy_s"] for i in infos if i["policy"] != FROZEN_POLICY),
                "nodes": {"engines": [i["node_id"] for i in infos], "learners": run.learners.node_ids}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    logger.close()
     return summary

@@ -61,6 +61,8 @@ class RunLogger:
         self.wandb.log({"rollout/traces": table}, step=step)
 
     def close(self) -> None:
+        if self._file.closed:
+            return
         self._file.close()
         if self.wandb is not None:
             self.wandb.finish()

@@ -97,13 +97,18 @@ def token_weights(traces: list[Trace], normalization: str, constant: float = 102
 
 
 def build_rows(traces: list[Trace], advantages: list[list[float]], weights: list[list[float]],
-               merge: bool = True) -> list[Row]:
-    """Training rows for every sequence with a nonzero weight, merged by exact prefix if `merge`."""
+               merge: bool = True, skip_zero_advantage: bool = False) -> list[Row]:
+    """Training rows for every sequence with a nonzero weight, merged by exact prefix if `merge`.
+
+    `skip_zero_advantage`: leave out sequences whose advantage is 0 (e.g. every trace of a group
+    with equal rewards). Their policy-gradient term is exactly 0 and the weights of the others
+    are already fixed, so the gradient is unchanged — only valid without a KL term.
+    """
     rows: list[Row] = []
     for trace, advs, ws in zip(traces, advantages, weights):
         open_rows: list[Row] = []  # this trace's rows, candidates for extension
         for i, (s, a, w) in enumerate(zip(trace.sequences, advs, ws)):
-            if w == 0.0:
+            if w == 0.0 or (skip_zero_advantage and a == 0.0):
                 continue
             base = None
             if merge:

@@ -134,3 +134,18 @@ def test_frozen_and_observation_tokens_contribute_nothing(hf_tiny, traces):
         microbatch_loss(hf_tiny, mb, LossConfig())[0].backward()
     again = torch.cat([p.grad.flatten() for p in hf_tiny.parameters()])
     assert ((again - base).norm() / base.norm()).item() < 1e-6
+
+
+def test_skipping_zero_advantage_rows_keeps_the_gradient(hf_tiny, traces):
+    advs = [[0.0, -0.4, 0.0, 0.0, 0.0], [-1.3, 0.0]]  # the chat's solver chain and one compaction half at 0
+    weights = token_weights(traces, "sequence")
+    grads = []
+    for skip in (False, True):
+        rows = build_rows(traces, advs, weights, skip_zero_advantage=skip)
+        hf_tiny.zero_grad()
+        for mb in pack(rows, 256):
+            microbatch_loss(hf_tiny, mb, LossConfig(normalization="sequence"))[0].backward()
+        grads.append((len(rows), torch.cat([p.grad.flatten() for p in hf_tiny.parameters()]).clone()))
+    (n_all, g_all), (n_skip, g_skip) = grads
+    assert n_skip == 2 < n_all == 4
+    assert ((g_all - g_skip).norm() / g_all.norm()).item() < 1e-5

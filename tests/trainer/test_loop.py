@@ -55,6 +55,13 @@ def test_resume_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):
     b = load_file(halves / "checkpoints/step_000004/hf/model.safetensors")
     assert a.keys() == b.keys()
     first = load_file(halves / "checkpoints/step_000002/hf/model.safetensors")
-    assert any(not torch.equal(first[k], b[k]) for k in b), "the resumed half must train"
+    moved = max((first[k] - b[k]).abs().max().item() for k in b)
+    assert moved > 1e-3, "the resumed half must train"
+    # Not bit-identical: vLLM's log-probs vary in the last bits with batch composition, which
+    # two uninterrupted runs already show (~1e-5 after 4 steps). Far below what training moves.
     for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-6, rtol=0), k
+        assert torch.allclose(a[k], b[k], atol=1e-4, rtol=0), k
+    # the same tasks and samples, step by step: the data position and the weights resumed
+    rewards = {m["step"]: m["rollout/reward"] for m in metrics(straight) if "rollout/reward" in m}
+    resumed = {m["step"]: m["rollout/reward"] for m in metrics(halves) if "rollout/reward" in m}
+    assert rewards == resumed

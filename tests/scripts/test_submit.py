@@ -7,10 +7,12 @@ on the second node. The test stops only the processes it started.
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -48,14 +50,16 @@ def wait_for_dashboard(url: str, timeout_s: float = 120.0) -> None:
 @pytest.mark.slow
 def test_submit_to_two_node_cluster(tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    # short temp dirs: Ray's unix socket paths must stay under 107 bytes
+    short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))
     gcs, dash = free_port(), free_port()
     logs = open(tmp_path / "ray.log", "w")
     nodes = [start([f"--port={gcs}", "--head", "--num-cpus=2", f"--dashboard-port={dash}",
-                    "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={tmp_path / 'head'}",
+                    "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={short / 'head'}",
                     '--resources={"rollout_node": 1}'], env, logs)]
     try:
         wait_for_dashboard(f"http://127.0.0.1:{dash}")
-        nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={tmp_path / 'node2'}",
+        nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={short / 'node2'}",
                             '--resources={"learner_node": 1}'], env, logs))
         run_dir = tmp_path / "run"
         proc = subprocess.run(
@@ -75,3 +79,4 @@ def test_submit_to_two_node_cluster(tmp_path):
         for p in nodes:
             p.wait(timeout=60)
         logs.close()
+        shutil.rmtree(short, ignore_errors=True)

@@ -62,11 +62,15 @@ def test_submit_to_two_node_cluster(tmp_path):
         nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={short / 'node2'}",
                             '--resources={"learner_node": 1}'], env, logs))
         run_dir = tmp_path / "run"
-        proc = subprocess.run(
-            ["bash", "scripts/submit.sh", "experiment=smoke", "cluster=two_node_cpu", "trainer.steps=2",
-             "eval.size=4", f"run_dir={run_dir}"],
-            cwd=ROOT, env={**env, "RAY_ADDRESS": f"http://127.0.0.1:{dash}"}, capture_output=True, text=True,
-            timeout=900)
+        for _ in range(60):  # the head's job agent starts after its dashboard (slowly on a busy box)
+            proc = subprocess.run(
+                ["bash", "scripts/submit.sh", "experiment=smoke", "cluster=two_node_cpu", "trainer.steps=2",
+                 "eval.size=4", f"run_dir={run_dir}"],
+                cwd=ROOT, env={**env, "RAY_ADDRESS": f"http://127.0.0.1:{dash}"}, capture_output=True,
+                text=True, timeout=900)
+            if "No available agent to submit job" not in proc.stderr:
+                break
+            time.sleep(5)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         assert "succeeded" in proc.stdout + proc.stderr
         summary = json.loads((run_dir / "summary.json").read_text())

@@ -64,4 +64,5 @@ def test_resume_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):
     # the same tasks and samples, step by step: the data position and the weights resumed
     rewards = {m["step"]: m["rollout/reward"] for m in metrics(straight) if "rollout/reward" in m}
     resumed = {m["step"]: m["rollout/reward"] for m in metrics(halves) if "rollout/reward" in m}
-    assert rewards == resumed
+    assert rewards.keys() == resumed.keys()
+    assert all(abs(rewards[k] - resumed[k]) < 1e-9 for k in rewards)

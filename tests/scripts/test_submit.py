@@ -29,10 +29,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def own_ports() -> list[str]:
+    """Fresh ports for every server a node starts: the defaults may be taken by another
+    Ray on this machine (the test session's own, for one), which silently breaks the
+    job agent ("No available agent to submit job")."""
+    names = ["object-manager-port", "node-manager-port", "dashboard-agent-listen-port",
+             "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port"]
+    return [f"--{n}={free_port()}" for n in names]
+
+
 def start(args, env, log):
     # own process group: stopping it stops exactly this node's Ray processes
-    return subprocess.Popen([RAY, "start", "--block", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen([RAY, "start", "--block", *own_ports(), *args], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def wait_for_dashboard(url: str, timeout_s: float = 120.0) -> None:
@@ -56,13 +65,14 @@ def test_submit_to_two_node_cluster(tmp_path):
     logs = open(tmp_path / "ray.log", "w")
     nodes = [start([f"--port={gcs}", "--head", "--num-cpus=2", f"--dashboard-port={dash}",
                     "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={short / 'head'}",
+                    f"--ray-client-server-port={free_port()}",
                     '--resources={"rollout_node": 1}'], env, logs)]
     try:
         wait_for_dashboard(f"http://127.0.0.1:{dash}")
         nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={short / 'node2'}",
                             '--resources={"learner_node": 1}'], env, logs))
         run_dir = tmp_path / "run"
-        for _ in range(60):  # the head's job agent starts after its dashboard (slowly on a busy box)
+        for _ in range(24):  # the head's job agent starts a little after its dashboard
             proc = subprocess.run(
                 ["bash", "scripts/submit.sh", "experiment=smoke", "cluster=two_node_cpu", "trainer.steps=2",
                  "eval.size=4", f"run_dir={run_dir}"],

@@ -61,7 +61,12 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
         distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else None,
         disable_log_stats=True,
         **({"gpu_memory_utilization": cfg.gpu_memory_utilization} if on_gpu
-           else {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30)}),
+           else {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30),
+                 # A chunked prefill discards its sampled token and rewinds the request's
+                 # seeded generator, which CPU generators cannot do ("CPU Generator does not
+                 # use offset"): seeded sampling on CPU needs whole prefills.
+                 "enable_chunked_prefill": False,
+                 "max_num_batched_tokens": max(max_model_len, 8192)}),
     )
 
 

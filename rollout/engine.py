@@ -39,7 +39,7 @@ def _vllm_env() -> None:
 
 def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
                 max_model_len: int = 2048, seed: int = 0):
-    """vLLM engine arguments for one engine; CPU and GPU differ only in how the KV cache is sized."""
+    """vLLM engine arguments for one engine; CPU and GPU differ only in KV-cache sizing and prefill chunking."""
     _vllm_env()
     from vllm import AsyncEngineArgs
 

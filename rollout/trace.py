@@ -132,6 +132,12 @@ class Trace:
     def num_trainable_tokens(self) -> int:
         return sum(len(s.completion_ids) for s in self.sequences if s.trainable)
 
+    def trained_mask(self) -> list[bool]:
+        """Which sequences the learner trains on: trainable ones with generated tokens, in a
+        trace that did not fail. The rest (frozen roles, failed traces) carry no loss."""
+        return [s.trainable and self.status != "failed" and len(s.completion_ids) > 0
+                for s in self.sequences]
+
     def check_vocab(self, vocab_sizes: dict[str, int]) -> None:
         """Raise TraceError naming the sequence whose ids fall outside its policy's vocabulary."""
         for i, s in enumerate(self.sequences):
@@ -151,6 +157,38 @@ class Trace:
         if unknown:
             raise TraceError(f"unknown trace fields {sorted(unknown)}")
         return cls(**d)
+
+
+def _extends(prompt_ids: list[int], s: Sequence) -> bool:
+    """Whether `prompt_ids` starts with `s`'s prompt + completion, token for token."""
+    n = len(s.prompt_ids)
+    return prompt_ids[:n] == s.prompt_ids and prompt_ids[n:n + len(s.completion_ids)] == s.completion_ids
+
+
+def prefix_chains(sequences: list[Sequence], include: Iterable[int] | None = None) -> list[list[int]]:
+    """Exact-prefix chains of one trace's sequences: the training rows of trainer/packing.py.
+
+    In order, a sequence whose prompt starts exactly with a chain's tokens (its last
+    sequence's prompt + completion) under the same policy extends the longest such chain;
+    otherwise it starts a new one. So turns of one conversation chain up, while fresh
+    contexts, sub-agents and rewritten histories (compaction) stand alone. `include`: the
+    sequence indices to consider, in order (default: all). Returns lists of indices,
+    ordered by their first sequence.
+    """
+    chains: list[list[int]] = []
+    for i in range(len(sequences)) if include is None else include:
+        s = sequences[i]
+        best, best_len = None, 0
+        for chain in chains:
+            last = sequences[chain[-1]]
+            n = last.num_tokens
+            if last.policy == s.policy and best_len < n <= len(s.prompt_ids) and _extends(s.prompt_ids, last):
+                best, best_len = chain, n
+        if best is None:
+            chains.append([i])
+        else:
+            best.append(i)
+    return chains
 
 
 def write_jsonl(traces: Iterable[Trace], path: str | Path) -> int:

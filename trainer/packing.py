@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollout.trace import Trace
+from rollout.trace import Trace, prefix_chains
 
 NORMALIZATIONS = ("token", "sequence", "trace", "constant")
 
@@ -72,8 +72,7 @@ def token_weights(traces: list[Trace], normalization: str, constant: float = 102
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"algorithm.loss.normalization={normalization!r}; expected one of {NORMALIZATIONS}")
-    live = [[s.trainable and t.status != "failed" and len(s.completion_ids) > 0 for s in t.sequences]
-            for t in traces]
+    live = [t.trained_mask() for t in traces]
     n_tokens = sum(len(s.completion_ids) for t, m in zip(traces, live) for s, ok in zip(t.sequences, m) if ok)
     n_seqs = sum(sum(m) for m in live)
     n_traces = sum(any(m) for m in live)
@@ -106,28 +105,21 @@ def build_rows(traces: list[Trace], advantages: list[list[float]], weights: list
     """
     rows: list[Row] = []
     for trace, advs, ws in zip(traces, advantages, weights):
-        open_rows: list[Row] = []  # this trace's rows, candidates for extension
-        for i, (s, a, w) in enumerate(zip(trace.sequences, advs, ws)):
-            if w == 0.0 or (skip_zero_advantage and a == 0.0):
-                continue
-            base = None
-            if merge:
-                for r in open_rows:  # the longest row that s's prompt extends exactly
-                    n = len(r.input_ids)
-                    if (r.policy == s.policy and n <= len(s.prompt_ids) and s.prompt_ids[:n] == r.input_ids
-                            and (base is None or n > len(base.input_ids))):
-                        base = r
-            if base is None:
-                base = Row([], [], [], [], trace.id, s.policy)
-                open_rows.append(base)
-            gap = len(s.prompt_ids) - len(base.input_ids)  # new prompt / observation tokens
-            base.input_ids += s.prompt_ids[len(base.input_ids):] + s.completion_ids
-            base.weights += [0.0] * gap + [w] * len(s.completion_ids)
-            base.advantages += [0.0] * gap + [a] * len(s.completion_ids)
-            base.old_logprobs += [0.0] * gap + list(s.logprobs)
-            base.sequences.append(i)
-            base.unmerged_tokens += s.num_tokens
-        rows.extend(open_rows)
+        live = [i for i, (_, a, w) in enumerate(zip(trace.sequences, advs, ws))
+                if w != 0.0 and not (skip_zero_advantage and a == 0.0)]
+        chains = prefix_chains(trace.sequences, live) if merge else [[i] for i in live]
+        for chain in chains:
+            row = Row([], [], [], [], trace.id, trace.sequences[chain[0]].policy)
+            for i in chain:  # each prompt starts with the row so far: append only what is new
+                s, a, w = trace.sequences[i], advs[i], ws[i]
+                gap = len(s.prompt_ids) - len(row.input_ids)  # new prompt / observation tokens
+                row.input_ids += s.prompt_ids[len(row.input_ids):] + s.completion_ids
+                row.weights += [0.0] * gap + [w] * len(s.completion_ids)
+                row.advantages += [0.0] * gap + [a] * len(s.completion_ids)
+                row.old_logprobs += [0.0] * gap + list(s.logprobs)
+                row.sequences.append(i)
+                row.unmerged_tokens += s.num_tokens
+            rows.append(row)
     return rows
 
 

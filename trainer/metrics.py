@@ -9,6 +9,24 @@ from pathlib import Path
 from typing import Any
 
 from rollout.trace import Trace
+from rollout.view import build_view, render_sequence
+
+
+def trace_table(traces: list[Trace], decode):
+    """A wandb Table of full traces: a row per sequence with its text and reward, and its card
+    from the trace viewer (rollout/view.py: prompt / trained / masked tokens, training row,
+    weight version) as HTML."""
+    import wandb
+
+    table = wandb.Table(columns=["trace", "seq", "agent", "policy", "version", "prompt_tail",
+                                 "completion", "reward", "view"])
+    for t in traces:
+        view = build_view(t, decode)
+        for i, s in enumerate(t.sequences):
+            card = wandb.Html(render_sequence(view, i), inject=False, data_is_not_path=True)
+            table.add_data(t.id, i, s.agent, s.policy, s.version, decode(s.prompt_ids)[-300:],
+                           decode(s.completion_ids), t.reward, card)
+    return table
 
 
 class RunLogger:
@@ -47,18 +65,9 @@ class RunLogger:
         print("[train] " + " | ".join(parts), flush=True)
 
     def traces(self, step: int, traces: list[Trace], decode) -> None:
-        """A wandb Table with a few full traces: each sequence by agent, its text, the reward."""
-        if self.wandb is None:
-            return
-        import wandb
-
-        table = wandb.Table(columns=["trace", "seq", "agent", "policy", "version", "prompt_tail",
-                                     "completion", "reward"])
-        for t in traces:
-            for i, s in enumerate(t.sequences):
-                table.add_data(t.id, i, s.agent, s.policy, s.version, decode(s.prompt_ids)[-300:],
-                               decode(s.completion_ids), t.reward)
-        self.wandb.log({"rollout/traces": table}, step=step)
+        """Log `trace_table` of a few full traces."""
+        if self.wandb is not None:
+            self.wandb.log({"rollout/traces": trace_table(traces, decode)}, step=step)
 
     def close(self) -> None:
         if self._file.closed:

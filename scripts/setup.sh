@@ -8,6 +8,30 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Headless Chromium renders the trace viewer's page in its test
+# (tests/scripts/test_view_traces.py). Checked on every run, stamp or not: one
+# stat when it is there; installed from Debian's apt when missing and root.
+ensure_chromium() {
+    [[ -x /usr/bin/chromium ]] && return 0
+    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "[setup] warning: /usr/bin/chromium is missing and this is not a root apt machine;" \
+             "install Debian's chromium package for the trace viewer test" >&2
+        return 0
+    fi
+    # (not `apt-cache policy | grep -q`: grep's early exit fails the pipe under pipefail)
+    local policy
+    policy=$(apt-cache policy chromium 2>/dev/null || true)
+    if [[ "$policy" != *"Candidate: "[0-9]* ]]; then
+        echo "[setup] apt-get update (the package lists have no chromium)"
+        apt-get update -q || true
+    fi
+    echo "[setup] installing chromium: apt-get install -y --no-install-recommends chromium"
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; then
+        echo "[setup] warning: installing chromium failed; the trace viewer test needs /usr/bin/chromium" >&2
+    fi
+}
+ensure_chromium
+
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3.11}
 STAMP="$VENV/.tracerl-installed"

@@ -168,11 +168,17 @@ class Conversation:
         self.messages.append(msg)
         self._pending.append(msg)
 
-    def prompt_ids(self) -> list[int]:
-        """The ids the next model turn will be generated under."""
+    @property
+    def num_tokens(self) -> int:
+        """Context length so far: the prompt and completion of the last model turn."""
+        return len(self._ids or [])
+
+    def prompt_ids(self, content: str | None = None, role: str = "user") -> list[int]:
+        """The ids the next model turn will be generated under (with one more turn, if given)."""
+        pending = self._pending + ([{"role": role, "content": content}] if content is not None else [])
         if self._ids is None:
-            return self.agent.format.render(self._pending)
-        return self._ids + self.agent.format.continuation(self._ids, self._pending)
+            return self.agent.format.render(pending)
+        return self._ids + self.agent.format.continuation(self._ids, pending)
 
     async def reply(self, content: str | None = None, role: str = "user", **sampling) -> str:
         """Optionally add a turn, then generate the model's next turn; returns its text."""

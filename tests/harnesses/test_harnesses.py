@@ -2,20 +2,44 @@
 
 import asyncio
 
+import pytest
+
 from harnesses.base import HarnessResult, as_result, load_harness
 from harnesses.tasks import ReasoningGymTasks
 from rollout.client import Agent, ChatFormat, TraceRecorder
 from rollout.config import SamplingConfig
 from rollout.router import Router
+from rollout.trace import Trace
+from trainer.packing import build_rows, token_weights
 
 
-def run(engine, tok, target, roles, task_index=0):
+def run(engine, tok, target, roles, task_index=0, frozen=(), max_tokens=16, **options):
+    """Run a harness once on a chain_sum task; roles in `frozen` are served by the same engine
+    under the `frozen` policy (recorded untrainable)."""
     task = ReasoningGymTasks("chain_sum", {"min_terms": 2, "max_terms": 3}).train_task(task_index)
     rec = TraceRecorder(f"t{task_index}")
     fmt = ChatFormat(tok)
-    agents = {r: Agent(r, "main", Router([engine]), fmt, rec, SamplingConfig(max_tokens=16)) for r in roles}
-    result = as_result(asyncio.run(load_harness(target)(task, agents)))
+    agents = {r: Agent(r, "frozen" if r in frozen else "main", Router([engine]), fmt, rec,
+                       SamplingConfig(max_tokens=max_tokens), seed=7) for r in roles}
+    result = as_result(asyncio.run(load_harness(target)(task, agents, **options)))
     return task, rec.sequences, result
+
+
+def text(tok, ids):
+    return tok.decode(ids, skip_special_tokens=True)
+
+
+def extends(seq, earlier):
+    """Whether `seq`'s prompt continues `earlier` exactly (prompt + completion)."""
+    head = earlier.prompt_ids + earlier.completion_ids
+    return seq.prompt_ids[:len(head)] == head
+
+
+def merged_rows(seqs, reward=1.0):
+    """Training rows of these sequences as one trace (exact-prefix merging), as lists of indices."""
+    trace = Trace("t", "g", seqs, reward=reward)
+    weights = token_weights([trace], "token")
+    return [r.sequences for r in build_rows([trace], [[1.0] * len(seqs)], weights)]
 
 
 def test_single_turn_shape(engine, tiny_tokenizer):
@@ -54,3 +78,140 @@ def test_as_result_rejects_bad_values():
         as_result("good")
     with pytest.raises(ValueError, match="cannot be imported"):
         load_harness("harnesses.nope.missing")
+
+
+def test_solver_verifier_corrector_shape(engine, tiny_tokenizer):
+    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.solver_verifier_corrector.solver_verifier_corrector",
+                             ["solver", "verifier", "corrector"], rounds=3)
+    verdicts = result.info["accepted"]
+    assert 1 <= result.info["rounds"] == len(verdicts) <= 3
+    expected = ["solver"]
+    for ok in verdicts:
+        expected += ["verifier"] + ([] if ok else ["corrector"])
+    assert [s.agent for s in seqs] == expected
+    corrector = [i for i, s in enumerate(seqs) if s.agent == "corrector"]
+    assert [seqs[i].parent for i in corrector] == [None] + corrector[:-1], "corrector turns chain"
+    for i in corrector[1:]:
+        assert extends(seqs[i], seqs[seqs[i].parent])
+    assert all(s.parent is None for s in seqs if s.agent == "verifier")
+    final = seqs[corrector[-1]] if corrector else seqs[0]  # the last answer anyone wrote
+    assert result.reward == task.score(text(tiny_tokenizer, final.completion_ids))
+    verifier = [[i] for i, s in enumerate(seqs) if s.agent == "verifier"]
+    assert sorted(merged_rows(seqs)) == sorted([[0]] + verifier + ([corrector] if corrector else []))
+
+
+def test_verdict_parsing():
+    from harnesses.solver_verifier_corrector import accepted
+
+    assert accepted("ACCEPT. The sum is right.")
+    assert not accepted("REJECT: 3 + 4 is 7, not 8.")
+    assert not accepted("I accept nothing") and not accepted("ACCEPT or REJECT?")
+
+
+def test_debate_shape_with_frozen_judge(engine, tiny_tokenizer):
+    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.debate.debate",
+                             ["debater_a", "debater_b", "judge"], frozen={"judge"},
+                             debaters=2, rounds=2, per_debater_rewards=True)
+    assert [s.agent for s in seqs][-1] == "judge" and len(seqs) == 2 * 2 + 1
+    by_role = {r: [i for i, s in enumerate(seqs) if s.agent == r] for r in ("debater_a", "debater_b")}
+    for role, (first, second) in by_role.items():
+        assert seqs[first].parent is None and seqs[second].parent == first
+        assert extends(seqs[second], seqs[first]), f"{role}'s second round continues its conversation"
+    a_round1 = text(tiny_tokenizer, seqs[by_role["debater_a"][0]].completion_ids).strip()
+    b_round2_prompt = text(tiny_tokenizer, seqs[by_role["debater_b"][1]].prompt_ids)
+    if a_round1:
+        assert a_round1 in b_round2_prompt, "debater b sees a's argument"
+    judge = seqs[-1]
+    assert not judge.trainable and judge.policy == "frozen" and judge.parent is None
+    assert all(s.trainable for s in seqs[:-1])
+    assert result.reward == task.score(text(tiny_tokenizer, judge.completion_ids))
+    assert set(result.agent_rewards) == {"debater_a", "debater_b", "judge"}
+    for role, (_, last) in by_role.items():
+        assert result.agent_rewards[role] == task.score(text(tiny_tokenizer, seqs[last].completion_ids))
+    assert sorted(map(sorted, merged_rows(seqs))) == sorted(map(sorted, by_role.values())), \
+        "one row per debater; the frozen judge makes none"
+
+
+def test_orchestrator_shape(engine, tiny_tokenizer):
+    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.orchestrator.orchestrator",
+                             ["orchestrator", "subagent"], max_subagents=3)
+    k = result.info["subagents"]
+    assert 1 <= k <= 3
+    assert [s.agent for s in seqs] == ["orchestrator"] + ["subagent"] * k + ["orchestrator"]
+    plan, subs, final = seqs[0], seqs[1:-1], seqs[-1]
+    assert final.parent == 0 and extends(final, plan)
+    for s in subs:
+        assert s.parent is None and not extends(s, plan)
+    assert result.reward == task.score(text(tiny_tokenizer, final.completion_ids))
+    assert sorted(map(sorted, merged_rows(seqs))) == sorted([[0, k + 1]] + [[i] for i in range(1, k + 1)])
+
+
+def test_orchestrator_plan_parsing():
+    from harnesses.orchestrator import subtasks
+
+    plan = "Plan:\n- add 3 and 4\n* then add 5\n2. check it\nDone"
+    assert subtasks(plan, 5) == ["add 3 and 4", "then add 5", "check it"]
+    assert subtasks(plan, 2) == ["add 3 and 4", "then add 5"]
+    assert subtasks("no list here", 3) == []
+
+
+def test_compaction_shape(engine, tiny_tokenizer):
+    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.compaction.compaction", ["solver"],
+                             budget_tokens=400, max_steps=8, reply_tokens=16)
+    c = result.info["compactions"]
+    assert c >= 1, "a 400-token budget with 8 steps of 16 tokens must compact"
+    starts = [i for i, s in enumerate(seqs) if s.parent is None]
+    assert len(starts) == c + 1 and starts[0] == 0
+    assert len(seqs) == result.info["steps"] + c, "every step plus one summary turn per compaction"
+    for i, s in enumerate(seqs):
+        assert s.num_tokens <= 400, "no sequence outgrows the budget"
+        if s.parent is not None:
+            assert s.parent == i - 1 and extends(s, seqs[i - 1])
+    for start in starts[1:]:
+        summary = text(tiny_tokenizer, seqs[start - 1].completion_ids).strip()
+        assert not extends(seqs[start], seqs[start - 1]), "a fresh context after each compaction"
+        if summary:
+            assert summary in text(tiny_tokenizer, seqs[start].prompt_ids), "it resumes from the summary"
+    segments = [list(range(a, b)) for a, b in zip(starts, starts[1:] + [len(seqs)])]
+    assert merged_rows(seqs) == segments, "one row per segment; never merged across a compaction"
+
+
+def test_selfplay_shape(engine, tiny_tokenizer):
+    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.selfplay.selfplay", ["player_a", "player_b"])
+    m = result.info["moves"]
+    assert [s.agent for s in seqs] == [("player_a", "player_b")[i % 2] for i in range(m)]
+    for i, s in enumerate(seqs):
+        assert s.parent == (i - 2 if i >= 2 else None)
+        if s.parent is not None:
+            assert extends(s, seqs[s.parent])
+    winner = result.info["winner"]
+    assert result.agent_rewards == {r: 1.0 if r == winner else -1.0 for r in ("player_a", "player_b")}
+    assert result.reward == 0.0
+    assert sorted(map(sorted, merged_rows(seqs))) == sorted([list(range(0, m, 2)), list(range(1, m, 2))][:min(m, 2)])
+
+
+@pytest.mark.parametrize("reply,stones,move", [("2", 5, 2), ("I take 3 stones", 5, 3), ("4", 9, None),
+                                               ("3", 2, None), ("none", 5, None), ("0", 5, None)])
+def test_selfplay_move_parsing(reply, stones, move):
+    from harnesses.selfplay import parse_move
+
+    assert parse_move(reply, stones) == move
+
+
+def test_readme_harness_example_runs(engine, tiny_tokenizer, tmp_path, monkeypatch):
+    """The second harness in README.md's "Write a harness" runs as written, per-agent rewards and all."""
+    import re
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [code] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "def propose_and_critique" in b]
+    (tmp_path / "readme_harness.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("readme_harness", None)
+    task, seqs, result = run(engine, tiny_tokenizer, "readme_harness.propose_and_critique", ["proposer", "critic"],
+                             frozen={"critic"}, rounds=2)
+    assert seqs[0].agent == "proposer" and seqs[1].agent == "critic" and not seqs[1].trainable
+    assert set(result.agent_rewards) == {"proposer", "critic"}
+    proposer = [s for s in seqs if s.agent == "proposer"]
+    assert result.agent_rewards["proposer"] == task.score(text(tiny_tokenizer, proposer[-1].completion_ids))

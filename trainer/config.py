@@ -88,6 +88,8 @@ def validate(cfg: TrainJobConfig) -> None:
         (cfg.logger.backend in ("wandb", "none"), "logger.backend must be wandb or none"),
         (cfg.logger.mode in ("offline", "online", "disabled"), "logger.mode must be offline, online or disabled"),
         (cfg.eval.size >= 0, "eval.size must be >= 0"),
+        (cfg.eval.size <= cfg.task.eval_size, f"eval.size={cfg.eval.size} is more than the task's "
+                                              f"held-out set (task.eval_size={cfg.task.eval_size})"),
         (any(p != FROZEN_POLICY for p in cfg.agents.values()),
          "agents: no role is mapped to a trainable policy (all are 'frozen'); map one to 'main'"),
     ]

@@ -16,6 +16,7 @@ trained trace is more than s versions stale (stale ones are dropped, counted).
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections import deque
@@ -55,12 +56,17 @@ def rollout_metrics(traces: list[Trace]) -> dict[str, float]:
          "rollout/truncated": float(sum(t.status == "truncated" for t in traces)),
          "rollout/sequences_per_trace": sum(len(t.sequences) for t in traces) / n,
          "rollout/generated_tokens": float(sum(t.num_generated_tokens for t in traces))}
+    m.update({f"rollout/reward/{role}": r for role, r in agent_means(traces).items()})
+    return m
+
+
+def agent_means(traces: list[Trace]) -> dict[str, float]:
+    """Mean per-agent reward of each role, over the traces that have per-agent rewards."""
     by_agent: dict[str, list[float]] = {}
     for t in traces:
         for role, r in (t.agent_rewards or {}).items():
             by_agent.setdefault(role, []).append(r)
-    m.update({f"rollout/reward/{role}": sum(v) / len(v) for role, v in by_agent.items()})
-    return m
+    return {role: sum(v) / len(v) for role, v in sorted(by_agent.items())}
 
 
 def train_metrics(stats: dict[str, float], packing: dict[str, float]) -> dict[str, float]:
@@ -71,6 +77,29 @@ def train_metrics(stats: dict[str, float], packing: dict[str, float]) -> dict[st
             "train/mismatch_kl": stats["mismatch_kl"] / tokens, "train/kl_ref": stats["kl_ref"] / tokens,
             "train/entropy": stats["entropy"] / tokens, "train/merge_saving": packing["merge_saving"],
             "train/padding_fraction": packing["padding_fraction"], "train/rows": packing["rows"]}
+
+
+def mean_reward(traces: list[Trace]) -> float:
+    return sum(t.reward for t in traces) / len(traces) if traces else float("nan")
+
+
+def eval_metrics(traces: list[Trace]) -> dict[str, float]:
+    """eval/reward, eval/success, and eval/reward/<role> for harnesses with per-agent rewards."""
+    m = {"eval/reward": mean_reward(traces),
+         "eval/success": sum(t.reward >= 1.0 for t in traces) / len(traces) if traces else float("nan")}
+    m.update({f"eval/reward/{role}": r for role, r in agent_means(traces).items()})
+    return m
+
+
+def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, float]:
+    """How the same held-out tasks moved between two evals: tasks that got better / worse,
+    and the two-sided sign-test p-value of that split (ties dropped) — the noise check for
+    "did eval reward really rise" that two independent means cannot give on a small set."""
+    better = sum(a.reward > b.reward for b, a in zip(before, after))
+    worse = sum(a.reward < b.reward for b, a in zip(before, after))
+    n, k = better + worse, min(better, worse)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    return {"better": better, "worse": worse, "sign_test_p": p}
 
 
 class Run:
@@ -117,16 +146,17 @@ class Run:
                                    f"{ray.get(self.buffer.stats.remote())}")
         return [t for g in groups for t in g]
 
-    def evaluate(self) -> float:
-        """Mean reward of the harness on the held-out tasks (eval sampling, not trained on)."""
+    def evaluate(self) -> list[Trace]:
+        """One harness run per held-out task, in task order (eval sampling, not trained on)."""
         e = self.cfg.eval
-        if e.size == 0:
-            return float("nan")
         sampling = SamplingConfig(temperature=e.temperature, max_tokens=e.max_tokens or self.cfg.sampling.max_tokens)
         n = len(self.workers)
         parts = ray.get([w.evaluate.remote(list(range(i, e.size, n)), sampling) for i, w in enumerate(self.workers)])
-        traces = [t for p in parts for t in p]
-        return sum(t.reward for t in traces) / len(traces)
+        traces: list = [None] * e.size
+        for i, part in enumerate(parts):
+            for index, trace in zip(range(i, e.size, n), part):
+                traces[index] = trace
+        return traces
 
     def checkpoint(self, step: int, version: int) -> None:
         d = checkpoint.save(self.learners, self.model_path, self.cfg.run_dir, step)
@@ -183,15 +213,15 @@ def _steps(cfg: TrainJobConfig, run: Run, logger: RunLogger, t_start: float) -> 
     t, run_dir = cfg.trainer, Path(cfg.run_dir)
     start = run.resume(t.resume) if t.resume else 0
     version = start
-    initial_eval = run.evaluate()
-    print(f"[train] eval before step {start}: reward {initial_eval:.3f} on {cfg.eval.size} held-out tasks", flush=True)
-    logger.log(start, {"eval/reward": initial_eval})
+    initial = final = run.evaluate()
+    print(f"[train] eval before step {start}: reward {mean_reward(initial):.3f} on {cfg.eval.size} held-out tasks",
+          flush=True)
+    logger.log(start, eval_metrics(initial))
 
     # ---- rollout ahead: s steps of lag in flight, no more -------------------------
     for k in range(start, min(t.steps, start + 1 + t.max_staleness)):
         run.submit(k)
     trained_tokens, dropped = 0.0, 0
-    eval_reward = initial_eval
     for step in range(start, t.steps):
         t0 = time.perf_counter()
         traces = run.take(t.groups_per_step)
@@ -231,7 +261,8 @@ def _steps(cfg: TrainJobConfig, run: Run, logger: RunLogger, t_start: float) -> 
                   "async/dropped_stale": float(dropped), "async/version": float(version)})
         done = step + 1
         if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
-            eval_reward = m["eval/reward"] = run.evaluate()
+            final = run.evaluate()
+            m.update(eval_metrics(final))
         if t.log_traces_every and done % t.log_traces_every == 0:
             logger.traces(done, traces[:4], run.format.decode)
         logger.log(done, m)
@@ -241,7 +272,9 @@ def _steps(cfg: TrainJobConfig, run: Run, logger: RunLogger, t_start: float) -> 
 
     # ---- summary -------------------------------------------------------------------
     infos = ray.get([e.info.remote() for pool in run.engines.values() for e in pool])
-    summary = {"initial_eval_reward": initial_eval, "final_eval_reward": eval_reward, "eval_size": cfg.eval.size,
+    summary = {"initial_eval_reward": mean_reward(initial), "final_eval_reward": mean_reward(final),
+               "eval_size": cfg.eval.size, "eval_paired": paired_comparison(initial, final),
+               "initial_eval": eval_metrics(initial), "final_eval": eval_metrics(final),
                "steps": t.steps, "start_step": start, "wall_s": round(time.time() - t_start, 1),
                "trained_tokens": trained_tokens, "dropped_stale": dropped,
                "trainable_policies": sorted({p for p in cfg.agents.values() if p != FROZEN_POLICY}),

@@ -194,6 +194,8 @@ def prefix_chains(sequences: list[Sequence], include: Iterable[int] | None = Non
 def write_jsonl(traces: Iterable[Trace], path: str | Path) -> int:
     """Write traces one JSON object per line; returns how many were written."""
     n = 0
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for t in traces:
             f.write(json.dumps(t.to_dict(), separators=(",", ":")) + "\n")

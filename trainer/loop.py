@@ -32,7 +32,7 @@ from rollout.client import ChatFormat
 from rollout.cluster import spawn_buffer, spawn_engines, spawn_workers, start_ray
 from rollout.config import FROZEN_POLICY, SamplingConfig
 from rollout.models import resolve_model
-from rollout.trace import Trace
+from rollout.trace import Trace, write_jsonl
 from trainer import checkpoint
 from trainer.advantages import advantage_stats, compute_advantages
 from trainer.config import TrainJobConfig, validate
@@ -214,6 +214,7 @@ def _steps(cfg: TrainJobConfig, run: Run, logger: RunLogger, t_start: float) -> 
     start = run.resume(t.resume) if t.resume else 0
     version = start
     initial = final = run.evaluate()
+    write_jsonl(initial, run_dir / "eval" / f"step_{start}.jsonl")
     print(f"[train] eval before step {start}: reward {mean_reward(initial):.3f} on {cfg.eval.size} held-out tasks",
           flush=True)
     logger.log(start, eval_metrics(initial))
@@ -262,6 +263,7 @@ def _steps(cfg: TrainJobConfig, run: Run, logger: RunLogger, t_start: float) -> 
         done = step + 1
         if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
             final = run.evaluate()
+            write_jsonl(final, run_dir / "eval" / f"step_{done}.jsonl")
             m.update(eval_metrics(final))
         if t.log_traces_every and done % t.log_traces_every == 0:
             logger.traces(done, traces[:4], run.format.decode)

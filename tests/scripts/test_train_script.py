@@ -24,6 +24,13 @@ def test_smoke_experiment_learns_in_sync_mode(tmp_path):
     assert summary["steps"] == 20 and summary["eval_size"] == 32
     assert summary["initial_eval_reward"] < 0.3
     assert summary["final_eval_reward"] > 0.8, summary
+    paired = summary["eval_paired"]  # the same 32 held-out tasks before and after
+    assert paired["better"] > paired["worse"] and paired["sign_test_p"] < 0.01, paired
+    from rollout.trace import read_jsonl
+
+    before, after = (list(read_jsonl(tmp_path / f"eval/step_{n}.jsonl")) for n in (0, 20))
+    assert [t.info["task"] for t in before] == [t.info["task"] for t in after] and len(after) == 32
+    assert sum(t.reward for t in after) / 32 == pytest.approx(summary["final_eval_reward"])
     assert "[train] step   20/20" in proc.stdout
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     last = json.loads(lines[-1])

@@ -11,6 +11,26 @@ loaded yet.
 from __future__ import annotations
 
 
+def _quiet_expected_reload_warnings(tied: bool):
+    """vLLM's layerwise reload warns "<Layer>: Failed to load weights" for layers a weight
+    update legitimately leaves out: the rotary embedding (a cache, not a weight) and, with tied
+    embeddings, the lm_head (written through embed_tokens, repacked below). Filter exactly
+    those, every reload, so real failures stay visible."""
+    import logging
+
+    expected = {"RotaryEmbedding"} | ({"ParallelLMHead"} if tied else set())
+
+    class Expected(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            layer, _, rest = record.getMessage().partition(": ")
+            return not (rest == "Failed to load weights" and layer in expected)
+
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    f = Expected()
+    log.addFilter(f)
+    return lambda: log.removeFilter(f)
+
+
 class WeightSyncExtension:
     def tracerl_load_weights(self, buckets: list[bytes]) -> int:
         """Load full or partial weights from safetensors buckets; returns tensors loaded."""
@@ -26,13 +46,19 @@ class WeightSyncExtension:
                     yield item
 
         runner = self.model_runner
-        runner.reload_weights(weights_iterator=tensors())
+        model = runner.get_model()
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        restore = _quiet_expected_reload_warnings(tied)
+        try:
+            runner.reload_weights(weights_iterator=tensors())
+        finally:
+            restore()
         model = runner.get_model()
         # The CPU backend repacks the lm_head for its GEMM at load time. With tied
         # embeddings the reload writes the shared weight through embed_tokens, so
         # the packed lm_head goes stale (logits off by ~3): repack it here.
         lm_head = getattr(model, "lm_head", None)
         method = getattr(lm_head, "quant_method", None)
-        if lm_head is not None and method is not None and getattr(model.config, "tie_word_embeddings", False):
+        if lm_head is not None and method is not None and tied:
             method.process_weights_after_loading(lm_head)
         return n

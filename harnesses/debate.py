@@ -19,8 +19,9 @@ import string
 
 from harnesses.base import HarnessResult
 
-OPEN = "{prompt}\nYou are debater {name}. Argue for your answer in a few sentences."
-REBUT = "The other debaters argued:\n{others}\n\nRebut them or revise your answer, in a few sentences."
+OPEN = "You are debater {name} in a debate. Solve the problem and state your answer.\n{prompt}"
+REBUT = ("The other debaters said:\n{others}\n\nCheck their answers against yours, then give your "
+         "final answer. {instruction}")
 JUDGE = ("Question: {question}\n\n{arguments}\n\nYou are the judge. Decide which answer is right. "
          "{instruction}")
 
@@ -34,6 +35,8 @@ async def debate(task, agents, debaters: int = 2, rounds: int = 2,
     if not 2 <= debaters <= 26 or rounds < 1:
         raise ValueError(f"debate needs 2-26 debaters and >= 1 round; got {debaters}, {rounds}")
     roles = debater_roles(debaters)
+    # the task's answer-format line ("Give the final answer as ..."), repeated where answers are asked for
+    instruction = task.prompt[len(task.question):].strip() if task.prompt.startswith(task.question) else ""
     chats = {r: agents[r].conversation() for r in roles}
     last: dict[str, str] = {}
     for k in range(rounds):
@@ -41,12 +44,11 @@ async def debate(task, agents, debaters: int = 2, rounds: int = 2,
             if k == 0:
                 return OPEN.format(prompt=task.prompt, name=role[-1].upper())
             others = "\n".join(f"{o[-1].upper()}: {last[o]}" for o in roles if o != role)
-            return REBUT.format(others=others)
+            return REBUT.format(others=others, instruction=instruction)
 
         replies = await asyncio.gather(*(chats[r].reply(turn(r)) for r in roles))
         last = dict(zip(roles, replies))
     arguments = "\n".join(f"Debater {r[-1].upper()}: {last[r]}" for r in roles)
-    instruction = task.prompt[len(task.question):].strip() if task.prompt.startswith(task.question) else ""
     verdict = await agents["judge"].chat(JUDGE.format(question=task.question, arguments=arguments,
                                                       instruction=instruction))
     reward = task.score(verdict)

@@ -8,8 +8,10 @@ task only seeds the starting pile, so any task source works.
 Trace shape, 2 agents (player_a moves first, player_b), m = info["moves"] sequences in
 alternating order; each player's turns continue its own conversation (parent = its previous
 turn) and merge into one training row per player.
-Reward: zero-sum per agent, agent_rewards = {winner: +1, loser: -1}; the trace reward is their
-mean, 0. Train with `algorithm=grpo_per_agent` (per-agent rewards, per-role baselines).
+Reward: zero-sum per agent, +1 for the winner and -1 for the loser; agent_rewards holds the
+players that moved (a player_b that never moved, because player_a forfeited its first move, has
+no sequence to credit). The trace reward is 0. Train with `algorithm=grpo_per_agent`
+(per-agent rewards, per-role baselines).
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ async def selfplay(task, agents, min_stones: int = 5, max_stones: int = 15, max_
             last_move = move
             if stones == 0:
                 winner = role
+    moved = roles[:min(moves, 2)]
     if winner is None:  # cannot happen with legal moves and max_moves >= max_stones; kept as a draw
-        rewards = dict.fromkeys(roles, 0.0)
+        rewards = dict.fromkeys(moved, 0.0)
     else:
-        rewards = {r: 1.0 if r == winner else -1.0 for r in roles}
+        rewards = {r: 1.0 if r == winner else -1.0 for r in moved}
     return HarnessResult(reward=0.0, agent_rewards=rewards,
                          info={"moves": moves, "winner": winner, "forfeit": forfeit})

@@ -66,3 +66,20 @@ def test_resume_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):
     resumed = {m["step"]: m["rollout/reward"] for m in metrics(halves) if "rollout/reward" in m}
     assert rewards.keys() == resumed.keys()
     assert all(abs(rewards[k] - resumed[k]) < 1e-9 for k in rewards)
+
+
+@pytest.mark.slow
+def test_selfplay_against_a_frozen_player_trains_on_per_agent_rewards(ray_cluster, tmp_path):
+    """A multi-agent run through the real loop: selfplay with player_b frozen (its own engine),
+    zero-sum per-agent rewards, per-role GRPO baselines."""
+    summary = train(smoke_cfg(tmp_path, "harness=selfplay", "agents.player_b=frozen", "algorithm=grpo_per_agent",
+                              "trainer.steps=2", "trainer.eval_every=0", "eval.size=8", "learner.world_size=1"))
+    assert summary["trainable_policies"] == ["main"]
+    assert len(summary["nodes"]["engines"]) == 2, "one engine for main, one for the frozen player"
+    steps = [m for m in metrics(tmp_path) if "rollout/reward/player_a" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["rollout/reward"] == 0.0 and m["rollout/failed"] == 0
+        assert -1.0 <= m["rollout/reward/player_a"] <= 1.0 and m["rollout/adv_count"] > 0
+    assert summary["trained_tokens"] > 0
+    assert -1.0 <= summary["final_eval"]["eval/reward/player_a"] <= 1.0

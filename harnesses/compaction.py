@@ -29,23 +29,25 @@ SUMMARISE = "Your context is almost full. Summarise the work so far in a few sen
 
 async def compaction(task, agents, budget_tokens: int = 512, max_steps: int = 8,
                      reply_tokens: int = 64) -> HarnessResult:
-    def room_to_summarise_after(chat, message: str) -> bool:
-        step_prompt = len(chat.prompt_ids(message))
-        # the summary request after a reply cut at reply_tokens (the template closes that turn too)
-        summary_turn = len(chat.agent.format.continuation([], [{"role": "user", "content": SUMMARISE}]))
-        return step_prompt + reply_tokens + summary_turn + reply_tokens <= budget_tokens
-
     solver = agents["solver"]
+    # the summary request after a reply cut at reply_tokens (the template closes that turn too)
+    summary_turn = len(solver.format.continuation([], [{"role": "user", "content": SUMMARISE}]))
+
+    def room_to_summarise_after(chat, message: str) -> bool:
+        return len(chat.prompt_ids(message)) + reply_tokens + summary_turn + reply_tokens <= budget_tokens
+
     chat, message = solver.conversation(), START.format(prompt=task.prompt)
     text, compactions, steps = "", 0, 0
     while steps < max_steps:
-        if chat.num_tokens and not room_to_summarise_after(chat, message):
+        if not room_to_summarise_after(chat, message):
+            if not chat.num_tokens:  # a fresh context: the task (and summary) alone leave no room
+                raise ValueError(f"compaction: budget_tokens={budget_tokens} leaves no room for a step and a "
+                                 f"summary after {'the task prompt' if not compactions else 'a summary'}; "
+                                 f"raise it")
             summary = await chat.reply(SUMMARISE, max_tokens=reply_tokens)
             chat, message = solver.conversation(), RESUME.format(prompt=task.prompt, summary=summary.strip())
             compactions += 1
-        if not chat.num_tokens and not room_to_summarise_after(chat, message):
-            raise ValueError(f"compaction: budget_tokens={budget_tokens} leaves no room for a step and a "
-                             f"summary after {'the task prompt' if not compactions else 'a summary'}; raise it")
+            continue
         text = await chat.reply(message, max_tokens=reply_tokens)
         steps += 1
         if "<answer>" in text.lower():

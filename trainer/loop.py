@@ -146,8 +146,9 @@ class Run:
                                    f"{ray.get(self.buffer.stats.remote())}")
         return [t for g in groups for t in g]
 
-    def evaluate(self) -> list[Trace]:
-        """One harness run per held-out task, in task order (eval sampling, not trained on)."""
+    def evaluate(self, step: int) -> list[Trace]:
+        """One harness run per held-out task, in task order (eval sampling, not trained on);
+        kept in run_dir/eval/step_<step>.jsonl for the trace viewer."""
         e = self.cfg.eval
         sampling = SamplingConfig(temperature=e.temperature, max_tokens=e.max_tokens or self.cfg.sampling.max_tokens)
         n = len(self.workers)
@@ -156,6 +157,7 @@ class Run:
         for i, part in enumerate(parts):
             for index, trace in zip(range(i, e.size, n), part):
                 traces[index] = trace
+        write_jsonl(traces, Path(self.cfg.run_dir) / "eval" / f"step_{step}.jsonl")
         return traces
 
     def checkpoint(self, step: int, version: int) -> None:
@@ -213,8 +215,7 @@ def _steps(cfg: TrainJobConfig, run: Run, logger: RunLogger, t_start: float) -> 
     t, run_dir = cfg.trainer, Path(cfg.run_dir)
     start = run.resume(t.resume) if t.resume else 0
     version = start
-    initial = final = run.evaluate()
-    write_jsonl(initial, run_dir / "eval" / f"step_{start}.jsonl")
+    initial = final = run.evaluate(start)
     print(f"[train] eval before step {start}: reward {mean_reward(initial):.3f} on {cfg.eval.size} held-out tasks",
           flush=True)
     logger.log(start, eval_metrics(initial))
@@ -262,8 +263,7 @@ def _steps(cfg: TrainJobConfig, run: Run, logger: RunLogger, t_start: float) -> 
                   "async/dropped_stale": float(dropped), "async/version": float(version)})
         done = step + 1
         if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
-            final = run.evaluate()
-            write_jsonl(final, run_dir / "eval" / f"step_{done}.jsonl")
+            final = run.evaluate(done)
             m.update(eval_metrics(final))
         if t.log_traces_every and done % t.log_traces_every == 0:
             logger.traces(done, traces[:4], run.format.decode)

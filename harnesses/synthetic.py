@@ -3,13 +3,16 @@
 `DigitTasks`: reward = the fraction of the generated text's non-space
 characters that are digits. A random-init tiny model starts near zero and can
 learn it within minutes on a CPU — but only if the engines really receive the
-trained weights. Same constructor as harnesses.tasks.ReasoningGymTasks, so it
-plugs in as `task._target_`.
+trained weights.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from harnesses.base import TaskSource
+
+_WORDS = ("apple", "river", "stone", "cloud", "green", "seven", "table", "light")
 
 
 @dataclass
@@ -24,16 +27,14 @@ class DigitTask:
         return sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
 
 
-class DigitTasks:
-    def __init__(self, name: str = "digits", params: dict | None = None, instruction: str | None = None,
-                 size: int = 100000, eval_size: int = 32, eval_seed: int = 1000003, seed: int = 0):
-        self.name, self.size, self.eval_size = name, size, eval_size
-        self.seed, self.eval_seed = seed, eval_seed
-        self.instruction = instruction or "Reply with digits only."
+class DigitTasks(TaskSource):
+    """Questions "<word> <number>"; `params` and the dataset name are unused."""
+
+    def default_instruction(self) -> str:
+        return "Reply with digits only."
 
     def _task(self, split: str, index: int, seed: int) -> DigitTask:
-        words = ("apple", "river", "stone", "cloud", "green", "seven", "table", "light")
-        question = f"{words[(seed + index) % len(words)]} {(seed * 31 + index * 17) % 1000}"
+        question = f"{_WORDS[(seed + index) % len(_WORDS)]} {(seed * 31 + index * 17) % 1000}"
         return DigitTask(f"{self.name}/{split}/{index}", question, f"{question}\n{self.instruction}")
 
     def train_task(self, index: int) -> DigitTask:
@@ -41,6 +42,3 @@ class DigitTasks:
 
     def eval_tasks(self) -> list[DigitTask]:
         return [self._task("eval", i, self.eval_seed) for i in range(self.eval_size)]
-
-    def __len__(self) -> int:
-        return self.size

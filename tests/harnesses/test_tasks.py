@@ -1,4 +1,5 @@
-"""Tests for harnesses.tasks: reasoning-gym task sources and their verifiers."""
+"""Task sources and verifiers: reasoning-gym tasks (harnesses/reasoning_gym_tasks.py), answer
+extraction (harnesses/answers.py), the synthetic digit task, and the TaskSource protocol."""
 
 from __future__ import annotations
 
@@ -10,21 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from harnesses import tasks
-from harnesses.tasks import (
-    DEFAULT_INSTRUCTION,
-    ReasoningGymTasks,
-    Task,
-    extract_answer,
-)
+from harnesses import reasoning_gym_tasks
+from harnesses.answers import extract_answer
+from harnesses.base import TaskSource, load_task_source
+from harnesses.reasoning_gym_tasks import DEFAULT_INSTRUCTION, ReasoningGymTask, ReasoningGymTasks
+from harnesses.synthetic import DigitTasks
+from tests.conftest import EASY_CHAIN_SUM
 
 ROOT = Path(__file__).resolve().parents[2]
-EASY_CHAIN_SUM = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
 DATASETS = ["chain_sum", "basic_arithmetic", "countdown", "gsm_symbolic"]
 NUMERIC = ["chain_sum", "basic_arithmetic", "gsm_symbolic"]
 
 
-def _tasks(name: str, n: int = 4) -> list[Task]:
+def _tasks(name: str, n: int = 4) -> list[ReasoningGymTask]:
     src = ReasoningGymTasks(name, eval_size=2)
     return [src.train_task(i) for i in range(n)] + src.eval_tasks()
 
@@ -183,7 +182,7 @@ def test_task_pickles_and_scores_after_cache_clear():
     expected = (task.score(good), task.score(bad))
     clone = pickle.loads(pickle.dumps(task))
     assert clone == task
-    tasks._SCORERS.clear()
+    reasoning_gym_tasks._SCORERS.clear()
     assert (clone.score(good), clone.score(bad)) == expected == (1.0, expected[1])
 
 
@@ -220,3 +219,26 @@ def test_bad_params():
         ReasoningGymTasks("chain_sum", params={"min_terms": 5, "max_terms": 2})
     with pytest.raises(ValueError, match="seed"):
         ReasoningGymTasks("chain_sum", params={"seed": 3})
+
+
+@pytest.mark.parametrize("cls", [ReasoningGymTasks, DigitTasks])
+def test_sources_share_the_task_source_constructor(cls):
+    """Every source plugs in as task._target_ with TaskSource's keyword arguments."""
+    assert issubclass(cls, TaskSource)
+    assert load_task_source(f"{cls.__module__}.{cls.__name__}") is cls
+    src = cls(name="chain_sum", params=dict(EASY_CHAIN_SUM), instruction=None, size=50, eval_size=3,
+              eval_seed=1000003, seed=0)
+    assert len(src) == 50 and len(src.eval_tasks()) == 3
+    assert src.train_task(51).id == src.train_task(1).id, "training indices wrap at size"
+    task = src.train_task(7)
+    assert task.prompt.endswith(src.instruction) and task.question in task.prompt
+    assert 0.0 <= task.score("<answer>12</answer>") <= 1.0
+
+
+def test_task_source_errors_name_the_key():
+    with pytest.raises(ValueError, match="task.size must be >= 1"):
+        DigitTasks("digits", size=0)
+    with pytest.raises(ValueError, match=r"task._target_='harnesses.synthetic.DigitTask' is not a TaskSource"):
+        load_task_source("harnesses.synthetic.DigitTask")
+    with pytest.raises(ValueError, match="task._target_='harnesses.nope.Tasks' cannot be imported"):
+        load_task_source("harnesses.nope.Tasks")

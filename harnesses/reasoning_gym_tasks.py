@@ -1,15 +1,10 @@
-"""Task sources over reasoning-gym datasets, with verifiers.
+"""Tasks from reasoning-gym datasets, scored by each dataset's own verifier.
 
-A harness receives a :class:`Task`, sends ``task.prompt`` to models, and finally
-calls ``task.score(final_text)`` to get a reward in [0, 1]. A :class:`Task` is a
-plain picklable dataclass (it travels to Ray actors); it holds only the dataset
-name, the dataset params and the reasoning-gym entry, and the scorer is rebuilt
-lazily in whichever process scores it.
-
-:class:`ReasoningGymTasks` is a deterministic source of training tasks (by
-index) and of a held-out evaluation set for one reasoning-gym dataset.
-
-This module must stay free of ray, torch and vllm imports.
+`ReasoningGymTasks` is a deterministic source of training tasks (by index) and
+of a held-out evaluation set for one reasoning-gym dataset. A
+`ReasoningGymTask` is a plain picklable dataclass (it travels to Ray actors);
+it holds only the dataset name, the dataset params and the reasoning-gym
+entry, and the scorer is rebuilt lazily in whichever process scores it.
 """
 
 from __future__ import annotations
@@ -18,21 +13,13 @@ import copy
 import difflib
 import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
-__all__ = [
-    "DEFAULT_INSTRUCTION",
-    "DATASET_INSTRUCTIONS",
-    "ReasoningGymTasks",
-    "Task",
-    "extract_answer",
-    "is_number",
-]
+from harnesses.answers import extract_answer, is_number
+from harnesses.base import TaskSource
 
 DEFAULT_INSTRUCTION = "Give the final answer as <answer>NUMBER</answer>."
 
@@ -41,12 +28,6 @@ DATASET_INSTRUCTIONS: dict[str, str] = {
     "countdown": "Give the final answer as <answer>EXPRESSION</answer>.",
     "puzzle24": "Give the final answer as <answer>EXPRESSION</answer>.",
 }
-
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-# A number: optional minus (not when it is a binary minus right after a digit or
-# letter, as in "5-3"), then digits with optional thousands commas, or a bare
-# decimal such as ".5".
-_NUMBER = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?:(?<![\w.])-)?\.\d+")
 
 # Scorers are dataset objects rebuilt per process, keyed by (name, canonical params).
 _SCORERS: dict[tuple[str, str], Any] = {}
@@ -64,35 +45,6 @@ def _registered_datasets() -> list[str]:
     from reasoning_gym.factory import DATASETS
 
     return sorted(DATASETS)
-
-
-def is_number(text: str | None) -> bool:
-    """Whether ``text`` is a finite number (commas allowed as thousands separators)."""
-    if text is None:
-        return False
-    try:
-        return Decimal(text.strip().replace(",", "")).is_finite()
-    except InvalidOperation:
-        return False
-
-
-def extract_answer(text: str, numeric_fallback: bool = True) -> str | None:
-    """Extract the answer from a model's output text.
-
-    Returns the stripped content of the last ``<answer>...</answer>`` tag; without
-    a tag, and if ``numeric_fallback``, the last number in the text (commas
-    removed); otherwise None. An empty tag yields None.
-    """
-    if not text:
-        return None
-    tags = _ANSWER_TAG.findall(text)
-    if tags:
-        return tags[-1].strip() or None
-    if numeric_fallback:
-        numbers = _NUMBER.findall(text)
-        if numbers:
-            return numbers[-1].replace(",", "")
-    return None
 
 
 def _plain(obj: Any) -> Any:
@@ -173,8 +125,9 @@ def _scorer(name: str, params: Mapping[str, Any]) -> Any:
 
 
 @dataclass
-class Task:
-    """One task instance: what a harness sends to a model, and how to score the result.
+class ReasoningGymTask:
+    """One reasoning-gym item: what a harness sends to a model, and how to score the result
+    (a `harnesses.base.Task`).
 
     ``params`` are the reasoning-gym dataset params, kept so that any process can
     rebuild the verifier.
@@ -214,7 +167,7 @@ class Task:
         return min(1.0, max(0.0, reward))
 
 
-class ReasoningGymTasks:
+class ReasoningGymTasks(TaskSource):
     """Deterministic task source over one reasoning-gym dataset.
 
     Training task ``i`` is item ``i % size`` of the reasoning-gym dataset built
@@ -225,49 +178,28 @@ class ReasoningGymTasks:
     A few datasets pre-generate all items when built (acre takes ~16 s at the
     default size) or cap the size (word_ladder: 20000): pass a smaller ``size``.
 
-    ``instruction`` is appended to each question on its own line; None picks the
-    per-dataset default (``DATASET_INSTRUCTIONS``, else ``DEFAULT_INSTRUCTION``).
+    ``instruction`` None picks the per-dataset default (``DATASET_INSTRUCTIONS``,
+    else ``DEFAULT_INSTRUCTION``).
     """
 
-    def __init__(
-        self,
-        name: str,
-        params: dict | None = None,
-        instruction: str | None = None,
-        size: int = 100000,
-        eval_size: int = 64,
-        eval_seed: int = 1000003,
-        seed: int = 0,
-    ) -> None:
-        if size < 1:
-            raise ValueError(f"size must be >= 1, got {size}")
-        if eval_size < 0:
-            raise ValueError(f"eval_size must be >= 0, got {eval_size}")
+    def __init__(self, name: str, params: dict | None = None, instruction: str | None = None,
+                 size: int = 100000, eval_size: int = 64, eval_seed: int = 1000003, seed: int = 0) -> None:
+        super().__init__(name, _plain(params or {}), instruction, size, eval_size, eval_seed, seed)
         if eval_size and seed < eval_seed + eval_size and eval_seed < seed + size:
             raise ValueError(
                 f"train seeds [{seed}, {seed + size}) overlap eval seeds "
                 f"[{eval_seed}, {eval_seed + eval_size}) "
                 f"for dataset {name!r}: eval items would appear in training"
             )
-        self.name = name
-        self.params: dict = _plain(params or {})
-        if instruction is None:
-            instruction = DATASET_INSTRUCTIONS.get(name, DEFAULT_INSTRUCTION)
-        self.instruction = instruction
-        self.size = size
-        self.eval_size = eval_size
-        self.eval_seed = eval_seed
-        self.seed = seed
         # Built eagerly so that unknown names and bad params fail here, not mid-training.
         # reasoning-gym item i can depend on the dataset's seed *and* size (gsm_symbolic draws
         # its templates up front, acre pre-generates everything), so index the real dataset
         # rather than building per-item windows.
         self._train_ds: Any = _create_dataset(name, self.params, seed=seed, size=size)
-        self._eval: list[Task] | None = None
+        self._eval: list[ReasoningGymTask] | None = None
 
-    def __len__(self) -> int:
-        """Number of training indices before ``train_task`` wraps around."""
-        return self.size
+    def default_instruction(self) -> str:
+        return DATASET_INSTRUCTIONS.get(self.name, DEFAULT_INSTRUCTION)
 
     def __repr__(self) -> str:
         return (
@@ -286,11 +218,11 @@ class ReasoningGymTasks:
             self._train_ds = _create_dataset(self.name, self.params, seed=self.seed, size=self.size)
         return self._train_ds
 
-    def _make_task(self, task_id: str, entry: Mapping[str, Any]) -> Task:
+    def _make_task(self, task_id: str, entry: Mapping[str, Any]) -> ReasoningGymTask:
         entry = _jsonable(entry)
         question = str(entry["question"])
         gold = entry.get("answer")
-        return Task(
+        return ReasoningGymTask(
             id=task_id,
             question=question,
             prompt=f"{question}\n{self.instruction}" if self.instruction else question,
@@ -300,12 +232,12 @@ class ReasoningGymTasks:
             params=_plain(self.params),
         )
 
-    def train_task(self, index: int) -> Task:
+    def train_task(self, index: int) -> ReasoningGymTask:
         """Training task ``index`` (wrapped modulo ``size``); deterministic given name, params, seed."""
         index = int(index) % self.size
         return self._make_task(f"{self.name}/train/{index}", self._train_dataset()[index])
 
-    def eval_tasks(self) -> list[Task]:
+    def eval_tasks(self) -> list[ReasoningGymTask]:
         """The ``eval_size`` held-out tasks, built from ``eval_seed``."""
         if self._eval is None:
             if self.eval_size == 0:

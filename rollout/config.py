@@ -1,26 +1,41 @@
-"""Typed config schemas for the rollout side, registered with Hydra's ConfigStore.
+"""Typed config schemas of the rollout side, registered with Hydra's ConfigStore.
 
-Hydra composes conf/*.yaml onto these dataclasses, so an unknown key or a
-value of the wrong type fails at start naming the key. Cross-field checks
-live in `validate()`, which runs before Ray starts.
+Hydra composes conf/*.yaml onto these dataclasses, so an unknown key, a value
+of the wrong type or a choice outside an enum fails at compose time naming the
+key. Every default lives here, once; YAML presets state only what they change.
+Cross-field checks live in `validate()`, which runs before Ray starts.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from harnesses.base import load_harness, load_task_source
+
 FROZEN_POLICY = "frozen"  # roles mapped here are served by engines but never trained
+
+
+class Dtype(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class SyncPauseMode(StrEnum):
+    wait = "wait"  # in-flight requests finish on the old weights first
+    keep = "keep"  # in-flight requests continue on the new weights
 
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny"  # tiny | tiny_tied | smollm2_135m, or a label when `path` is set
+    name: str = MISSING  # tiny | tiny_tied | smollm2_135m (conf/model/), or a label when `path` is set
     path: str | None = None  # local HF model folder; overrides the built-in `name`
-    dtype: str = "float32"  # float32 | bfloat16 (engine and learner)
+    dtype: Dtype = Dtype.float32  # engine and learner weights
     max_model_len: int = 2048  # longest prompt + completion, in tokens
 
 
@@ -46,7 +61,7 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences batched per engine step
     enforce_eager: bool = True  # skip CUDA graphs / torch.compile (start-up time on CPU)
     start_timeout_s: float = 300.0  # engine start (model load) limit
-    sync_pause_mode: str = "wait"  # wait: in-flight requests finish on the old weights first; keep: they continue on the new ones
+    sync_pause_mode: SyncPauseMode = SyncPauseMode.wait  # what in-flight requests do during a weight load
 
 
 @dataclass
@@ -55,8 +70,6 @@ class RolloutConfig:
     concurrency: int = 16  # harness episodes in flight per worker
     group_size: int = 4  # traces per task instance (group baselines)
     timeout_s: float = 300.0  # per-episode limit; past it the trace is failed
-    num_traces: int = 32  # scripts/rollout.py: traces to generate
-    seed: int = 0  # task sampling seed, and the base of every model call's sampling seed
 
 
 @dataclass
@@ -69,10 +82,10 @@ class HarnessConfig:
 
 @dataclass
 class TaskConfig:
-    _target_: str = "harnesses.tasks.ReasoningGymTasks"  # task source class
+    _target_: str = "harnesses.reasoning_gym_tasks.ReasoningGymTasks"  # a harnesses.base.TaskSource class
     name: str = MISSING  # reasoning-gym dataset name, e.g. chain_sum
     params: dict[str, Any] = field(default_factory=dict)  # dataset parameters (difficulty)
-    instruction: str | None = None  # appended to each question; None: the dataset's default (NUMBER or EXPRESSION)
+    instruction: str | None = None  # appended to each question; None: the source's default
     size: int = 100000  # distinct training items
     eval_size: int = 64  # held-out items
     eval_seed: int = 1000003  # far from training seeds: reasoning-gym item i uses Random(seed + i)
@@ -86,7 +99,7 @@ class RayConfig:
 
 @dataclass
 class RolloutJobConfig:
-    """scripts/rollout.py: generate traces and write them to a JSONL file."""
+    """What a rollout fleet needs: model, engines, workers, harness, task, agents (train and generate)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -96,7 +109,15 @@ class RolloutJobConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     agents: dict[str, str] = field(default_factory=dict)  # role -> policy ("main" or "frozen")
-    out: str = "traces.jsonl"  # where to write the traces
+    seed: int = 0  # tasks, every model call's sampling seed (with the trace id), torch
+
+
+@dataclass
+class GenerateJobConfig(RolloutJobConfig):
+    """scripts/generate.py: generate traces and write them to a JSONL file."""
+
+    num_traces: int = 32  # traces to generate (rounded up to whole groups)
+    out: str = "traces.jsonl"  # where to write them
 
 
 def validate(cfg: RolloutJobConfig) -> None:
@@ -110,11 +131,9 @@ def validate(cfg: RolloutJobConfig) -> None:
         (s.max_tokens < cfg.model.max_model_len, "sampling.max_tokens must be < model.max_model_len"),
         (e.num_engines >= 1, "engine.num_engines must be >= 1"),
         (e.kv_cache_gb > 0, "engine.kv_cache_gb must be > 0"),
-        (e.sync_pause_mode in ("wait", "keep"), "engine.sync_pause_mode must be 'wait' or 'keep'"),
         (r.num_workers >= 1 and r.concurrency >= 1, "rollout.num_workers and rollout.concurrency must be >= 1"),
         (r.group_size >= 1, "rollout.group_size must be >= 1"),
         (r.timeout_s > 0, "rollout.timeout_s must be > 0"),
-        (cfg.model.dtype in ("float32", "bfloat16"), "model.dtype must be float32 or bfloat16"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -123,8 +142,16 @@ def validate(cfg: RolloutJobConfig) -> None:
     if missing:
         raise ValueError(f"agents: harness {cfg.harness.name!r} uses roles {missing} that are not mapped "
                          f"to a policy; add e.g. agents.{missing[0]}=main")
+    # The harness and task source import, and the options fit the harness's signature.
+    harness = load_harness(cfg.harness._target_)
+    try:
+        inspect.signature(harness).bind(None, None, **cfg.harness.options)
+    except TypeError as e:
+        raise ValueError(f"harness.options={dict(cfg.harness.options)} do not fit harness {cfg.harness._target_!r}: "
+                         f"{e}") from None
+    load_task_source(cfg.task._target_)
 
 
 def register_configs() -> None:
     cs = ConfigStore.instance()
-    cs.store(name="rollout_schema", node=RolloutJobConfig)
+    cs.store(name="generate_schema", node=GenerateJobConfig)

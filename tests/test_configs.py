@@ -1,84 +1,116 @@
-"""Every config group composes through Hydra onto the typed schema and validates."""
+"""Every shipped config composes through Hydra onto the schema that uses it, and validates;
+bad keys, types, enum values and combinations fail naming the key."""
 
+import inspect
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from hydra.errors import ConfigCompositionException
 
-from rollout.config import RolloutJobConfig, register_configs, validate
+from harnesses.base import load_harness
+from rollout.config import GenerateJobConfig, validate as validate_generate
+from trainer.config import TrainJobConfig, compose, validate as validate_train
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-register_configs()
+# Which config groups each entry point's defaults list has (conf/train.yaml, conf/generate.yaml).
+GROUPS = {"train": ["model", "harness", "task", "algorithm", "logger", "cluster", "experiment"],
+          "generate": ["model", "harness", "task"]}
+SCHEMAS = {"train": (TrainJobConfig, validate_train), "generate": (GenerateJobConfig, validate_generate)}
 
 
-def load(overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = OmegaConf.to_object(compose("rollout", overrides=overrides))
-    assert isinstance(cfg, RolloutJobConfig)
+def options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_every_group_is_composed_by_a_test():
+    groups = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+    assert groups == sorted(GROUPS["train"]), "a new config group needs a line in GROUPS"
+
+
+@pytest.mark.parametrize("entry, group, option", [
+    (entry, group, option) for entry, groups in GROUPS.items() for group in groups for option in options(group)])
+def test_every_option_composes_and_validates(entry, group, option):
+    schema, validate = SCHEMAS[entry]
+    cfg = compose(entry, [f"{group}={option}"])
+    assert isinstance(cfg, schema)
     validate(cfg)
-    return cfg
+    assert set(cfg.harness.roles) <= set(cfg.agents)
+    if group == "cluster" and option != "local":
+        assert cfg.ray.address == "auto", "cluster presets join a running cluster"
 
 
-@pytest.mark.parametrize("group", ["model", "harness", "task"])
-def test_every_option_composes_and_validates(group):
-    options = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-    assert options
-    for name in options:
-        cfg = load([f"{group}={name}"])
-        if group == "harness":
-            assert set(cfg.harness.roles) <= set(cfg.agents), name
+@pytest.mark.parametrize("harness", options("harness"))
+def test_harness_options_equal_the_function_defaults(harness):
+    """conf/harness/*.yaml lists options so that `harness.options.<key>=` overrides work; the
+    values must be the function's own defaults (the one source of truth)."""
+    cfg = compose("generate", [f"harness={harness}"])
+    params = inspect.signature(load_harness(cfg.harness._target_)).parameters
+    for key, value in cfg.harness.options.items():
+        assert params[key].default == value, (harness, key)
+
+
+def test_loss_temperature_follows_sampling():
+    cfg = compose("train", ["sampling.temperature=0.7"])
+    assert cfg.algorithm.loss.temperature == 0.7
+    with pytest.raises(ValueError, match="algorithm.loss.temperature must equal sampling.temperature"):
+        validate_train(compose("train", ["sampling.temperature=0.7", "algorithm.loss.temperature=1.0"]))
+    with pytest.raises(ValueError, match="sampling.temperature must be > 0 for training"):
+        validate_train(compose("train", ["sampling.temperature=0"]))
 
 
 def test_solver_verifier_defaults_and_frozen_override():
-    cfg = load(["harness=solver_verifier", "agents.verifier=frozen", "rollout.num_traces=8"])
+    cfg = compose("generate", ["harness=solver_verifier", "agents.verifier=frozen", "num_traces=8"])
     assert cfg.agents == {"solver": "main", "verifier": "frozen"}
-    assert cfg.rollout.num_traces == 8 and cfg.harness._target_.endswith("solver_verifier")
+    assert cfg.num_traces == 8 and cfg.harness._target_.endswith("solver_verifier")
 
 
 def test_unknown_key_fails_naming_it():
-    with pytest.raises(ConfigCompositionException, match="rollout.num_tracez"):
-        load(["rollout.num_tracez=3"])
+    with pytest.raises(ConfigCompositionException, match="rollout.num_workerz"):
+        compose("generate", ["rollout.num_workerz=3"])
     with pytest.raises(ConfigCompositionException, match="samplng.temperature"):
-        load(["samplng.temperature=0.5"])
+        compose("generate", ["samplng.temperature=0.5"])
 
 
 def test_bad_type_fails_naming_the_key():
     with pytest.raises(ConfigCompositionException, match="sampling.temperature=hot") as e:
-        load(["sampling.temperature=hot"])
+        compose("generate", ["sampling.temperature=hot"])
     assert "could not be converted to Float" in str(e.value.__cause__)
+
+
+@pytest.mark.parametrize("override, choices", [
+    ("model.dtype=fp16", "float32, bfloat16"),
+    ("engine.sync_pause_mode=abort", "wait, keep"),
+    ("learner.optimizer=adam", "adamw, sgd"),
+    ("algorithm.loss.normalization=tokens", "token, sequence, trace, constant"),
+    ("algorithm.advantage.estimator=ppo", "grpo, rloo, batch_mean, uniform"),
+    ("logger.mode=loud", "offline, online, disabled"),
+])
+def test_enum_choices_are_checked_at_compose_time(override, choices):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigCompositionException, match=key) as e:
+        compose("train", [override])
+    assert f"expected one of [{choices}]" in str(e.value.__cause__)
 
 
 @pytest.mark.parametrize("override, msg", [
     ("sampling.top_p=0", "sampling.top_p"),
     ("sampling.max_tokens=4096", "model.max_model_len"),
     ("rollout.group_size=0", "rollout.group_size"),
-    ("engine.sync_pause_mode=abort", "engine.sync_pause_mode"),
+    ("harness.options.rounds=2", "harness.options"),  # single_turn takes no `rounds`
 ])
 def test_bad_values_fail_validation(override, msg):
+    override = override if "options" not in override else "+" + override
     with pytest.raises(ValueError, match=msg):
-        load([override])
+        validate_generate(compose("generate", [override]))
 
 
 def test_unmapped_role_fails():
     with pytest.raises(ValueError, match=r"agents: harness 'solver_verifier' uses roles \['verifier'\]"):
-        load(["harness=solver_verifier", "~agents.verifier"])
+        validate_generate(compose("generate", ["harness=solver_verifier", "~agents.verifier"]))
 
 
-def test_every_train_experiment_composes_and_validates():
-    from trainer.config import TrainJobConfig
-    from trainer.config import register_configs as register_train
-    from trainer.config import validate as validate_train
-
-    register_train()
-    experiments = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-    assert "smoke" in experiments
-    for name in experiments + [None]:
-        with initialize_config_dir(config_dir=str(CONF), version_base=None):
-            cfg = OmegaConf.to_object(compose("train", overrides=[f"experiment={name}"] if name else []))
-        assert isinstance(cfg, TrainJobConfig)
-        validate_train(cfg)
-    for algo in sorted(p.stem for p in (CONF / "algorithm").glob("*.yaml")):
-        with initialize_config_dir(config_dir=str(CONF), version_base=None):
-            validate_train(OmegaConf.to_object(compose("train", overrides=[f"algorithm={algo}"])))
+def test_unknown_harness_or_task_class_fails_naming_the_key():
+    with pytest.raises(ValueError, match="harness._target_='harnesses.nope.run' cannot be imported"):
+        validate_generate(compose("generate", ["harness._target_=harnesses.nope.run"]))
+    with pytest.raises(ValueError, match="task._target_='harnesses.nope.Tasks' cannot be imported"):
+        validate_generate(compose("generate", ["task._target_=harnesses.nope.Tasks"]))

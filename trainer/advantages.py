@@ -12,7 +12,7 @@ loss broadcasts a sequence's advantage to each of its generated tokens.
     grpo(traces, **opts) / rloo / batch_mean / uniform   # the same, one estimator each
     advantage_stats(traces, advs)            # mean/std/min/max over trainable sequences
 
-This runs BEFORE prefix merging (DESIGN.md, "Training math").
+This runs BEFORE prefix merging (docs/design.md, "Training math").
 
 Conventions (each is tested in tests/trainer/test_advantages.py)
 -----------------------------------------------------------------
@@ -78,21 +78,26 @@ No torch, ray or vllm here: plain Python + numpy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Hashable, Sequence as Seq
 
 import numpy as np
 
 from rollout.trace import Trace
 
-ESTIMATORS = ("grpo", "rloo", "batch_mean", "uniform")
-CONFIG_KEY = "algorithm.advantage.estimator"
+
+class Estimator(StrEnum):
+    grpo = "grpo"  # group mean baseline [/ group std]
+    rloo = "rloo"  # leave-one-out group baseline
+    batch_mean = "batch_mean"  # batch mean baseline [/ batch std]
+    uniform = "uniform"  # no baseline
 
 
 @dataclass
 class AdvantageConfig:
     """How advantages are computed (config group `algorithm.advantage`)."""
 
-    estimator: str = "grpo"  # grpo | rloo | batch_mean | uniform
+    estimator: Estimator = Estimator.grpo  # the baseline (see Estimator)
     scale_by_std: bool = True  # grpo / batch_mean: divide by the pool's population std (+ eps)
     per_agent_rewards: bool = False  # a role's sequences use agent_rewards[role]; baselines per role
     normalize_per_agent: bool = False  # then divide each role's advantages by its batch std (Dr. MAS)
@@ -104,10 +109,11 @@ class AdvantageConfig:
 
 
 def validate_config(cfg: AdvantageConfig) -> None:
-    """Raise ValueError naming the config key for a bad estimator or eps."""
-    if cfg.estimator not in ESTIMATORS:
-        raise ValueError(f"{CONFIG_KEY} = {cfg.estimator!r} is not a known advantage estimator; "
-                         f"choose one of {list(ESTIMATORS)}")
+    """Raise ValueError naming the config key for a bad estimator or eps (for configs built in
+    Python; Hydra's schema already rejects both)."""
+    if cfg.estimator not in Estimator.__members__:
+        raise ValueError(f"algorithm.advantage.estimator = {cfg.estimator!r} is not a known advantage "
+                         f"estimator; choose one of {list(Estimator)}")
     if not np.isfinite(cfg.eps) or cfg.eps < 0:
         raise ValueError(f"algorithm.advantage.eps = {cfg.eps!r} must be a finite number >= 0")
 
@@ -150,65 +156,21 @@ def compute_advantages(traces: Seq[Trace], cfg: AdvantageConfig | None = None) -
     validate_config(cfg)
     traces = list(traces)
     ok = [i for i, t in enumerate(traces) if t.status != "failed"]
-
-    # Units of credit: (trace index, role) when per-agent, else (trace index, None).
-    unit_reward: dict[tuple[int, str | None], float] = {}
-    for i in ok:
-        t = traces[i]
-        if cfg.per_agent_rewards:
-            agent_rewards = t.agent_rewards or {}
-            for role in sorted({s.agent for s in t.sequences}):
-                unit_reward[(i, role)] = float(agent_rewards.get(role, t.reward))
-        else:
-            unit_reward[(i, None)] = float(t.reward)
-
-    # Pools for the baseline statistics.
-    def pool_key(unit: tuple[int, str | None]) -> Hashable:
-        i, role = unit
-        if cfg.estimator in ("grpo", "rloo"):
-            return (traces[i].group, role)
-        return role  # batch_mean: the whole batch (per role when per-agent); uniform: unused
-
-    unit_adv: dict[tuple[int, str | None], float] = {}
-    if cfg.estimator == "uniform":
-        unit_adv = dict(unit_reward)
-    else:
-        pools: dict[Hashable, list[tuple[int, str | None]]] = {}
-        for unit in unit_reward:
-            pools.setdefault(pool_key(unit), []).append(unit)
-        for units in pools.values():
-            r = np.array([unit_reward[u] for u in units], dtype=np.float64)
-            if cfg.estimator == "rloo":
-                a = _leave_one_out(r)
-            else:  # grpo, batch_mean
-                a = _centred(r, cfg.scale_by_std, cfg.eps)
-            unit_adv.update(zip(units, (float(x) for x in a)))
+    unit_adv = _baselined(traces, _unit_rewards(traces, ok, cfg.per_agent_rewards), cfg)
 
     # Advantage of (trace, role), whichever the unit was.
     role_adv: dict[tuple[int, str], float] = {}
     for i in ok:
         for role in sorted({s.agent for s in traces[i].sequences}):
             role_adv[(i, role)] = unit_adv[(i, role if cfg.per_agent_rewards else None)]
-
     if cfg.normalize_per_agent:
-        by_role: dict[str, list[tuple[int, str]]] = {}
-        for key in role_adv:
-            by_role.setdefault(key[1], []).append(key)
-        for _, keys in sorted(by_role.items()):
-            a = np.array([role_adv[k] for k in keys], dtype=np.float64)
-            if _all_equal(a):
-                continue
-            a = a / (a.std() + cfg.eps)
-            role_adv.update(zip(keys, (float(x) for x in a)))
+        _normalize_per_role(role_adv, cfg.eps)
 
     out: list[list[float]] = []
     for i, t in enumerate(traces):
-        if t.status == "failed":
-            out.append([0.0] * len(t.sequences))
-            continue
         row = []
         for s in t.sequences:
-            if not s.trainable:
+            if t.status == "failed" or not s.trainable:
                 row.append(0.0)
                 continue
             a = role_adv[(i, s.agent)]
@@ -217,6 +179,59 @@ def compute_advantages(traces: Seq[Trace], cfg: AdvantageConfig | None = None) -
             row.append(float(a))
         out.append(row)
     return out
+
+
+Unit = tuple[int, str | None]  # (trace index, role), role None for trace-level credit
+
+
+def _unit_rewards(traces: list[Trace], ok: list[int], per_agent: bool) -> dict[Unit, float]:
+    """The reward of each unit of credit: (trace, role) when per-agent, else (trace, None)."""
+    unit_reward: dict[Unit, float] = {}
+    for i in ok:
+        t = traces[i]
+        if per_agent:
+            agent_rewards = t.agent_rewards or {}
+            for role in sorted({s.agent for s in t.sequences}):
+                unit_reward[(i, role)] = float(agent_rewards.get(role, t.reward))
+        else:
+            unit_reward[(i, None)] = float(t.reward)
+    return unit_reward
+
+
+def _baselined(traces: list[Trace], unit_reward: dict[Unit, float], cfg: AdvantageConfig) -> dict[Unit, float]:
+    """Each unit's reward minus its pool's baseline (and over its std, if asked)."""
+    if cfg.estimator == Estimator.uniform:
+        return dict(unit_reward)
+
+    def pool_key(unit: Unit) -> Hashable:
+        i, role = unit
+        if cfg.estimator in (Estimator.grpo, Estimator.rloo):
+            return (traces[i].group, role)
+        return role  # batch_mean: the whole batch (per role when per-agent)
+
+    pools: dict[Hashable, list[Unit]] = {}
+    for unit in unit_reward:
+        pools.setdefault(pool_key(unit), []).append(unit)
+    unit_adv: dict[Unit, float] = {}
+    for units in pools.values():
+        r = np.array([unit_reward[u] for u in units], dtype=np.float64)
+        if cfg.estimator == Estimator.rloo:
+            a = _leave_one_out(r)
+        else:  # grpo, batch_mean
+            a = _centred(r, cfg.scale_by_std, cfg.eps)
+        unit_adv.update(zip(units, (float(x) for x in a)))
+    return unit_adv
+
+
+def _normalize_per_role(role_adv: dict[tuple[int, str], float], eps: float) -> None:
+    """Divide each role's advantages by that role's batch std, in place (Dr. MAS)."""
+    by_role: dict[str, list[tuple[int, str]]] = {}
+    for key in role_adv:
+        by_role.setdefault(key[1], []).append(key)
+    for _, keys in sorted(by_role.items()):
+        a = np.array([role_adv[k] for k in keys], dtype=np.float64)
+        if not _all_equal(a):
+            role_adv.update(zip(keys, (float(x) for x in a / (a.std() + eps))))
 
 
 # -- one function per estimator -----------------------------------------------------
@@ -275,8 +290,8 @@ def uniform(traces: Seq[Trace], *, per_agent_rewards: bool = False,
 def advantage_stats(traces: Seq[Trace], advs: Seq[Seq[float]]) -> dict[str, float]:
     """mean/std/min/max (population std) over trainable sequences of non-failed traces.
 
-    Keys: adv/mean, adv/std, adv/min, adv/max, adv/count, adv/frac_zero; all 0.0
-    (count 0) when there is no such sequence.
+    Keys: mean, std, min, max, count, frac_zero; all 0.0 (count 0) when there is no
+    such sequence.
     """
     if len(traces) != len(advs):
         raise ValueError(f"{len(traces)} traces but {len(advs)} advantage rows")
@@ -288,9 +303,7 @@ def advantage_stats(traces: Seq[Trace], advs: Seq[Seq[float]]) -> dict[str, floa
             continue
         vals.extend(a for s, a in zip(t.sequences, row) if s.trainable)
     if not vals:
-        return {"adv/mean": 0.0, "adv/std": 0.0, "adv/min": 0.0, "adv/max": 0.0,
-                "adv/count": 0.0, "adv/frac_zero": 0.0}
+        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "count": 0.0, "frac_zero": 0.0}
     v = np.array(vals, dtype=np.float64)
-    return {"adv/mean": float(v.mean()), "adv/std": float(v.std()), "adv/min": float(v.min()),
-            "adv/max": float(v.max()), "adv/count": float(v.size),
-            "adv/frac_zero": float(np.mean(v == 0.0))}
+    return {"mean": float(v.mean()), "std": float(v.std()), "min": float(v.min()),
+            "max": float(v.max()), "count": float(v.size), "frac_zero": float(np.mean(v == 0.0))}

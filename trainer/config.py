@@ -1,6 +1,6 @@
 """Typed config of the training job (scripts/train.py), registered with Hydra's ConfigStore.
 
-Extends the rollout job's schema with the learner, the algorithm, the loop,
+Extends the rollout fleet's schema with the learner, the algorithm, the loop,
 evaluation and logging. `validate()` runs every cross-field check before Ray
 starts and raises ValueError naming the key(s) and the fix.
 """
@@ -8,22 +8,24 @@ starts and raises ValueError naming the key(s) and the fix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from rollout.config import FROZEN_POLICY, RolloutJobConfig
+from rollout.config import FROZEN_POLICY, GenerateJobConfig, RolloutJobConfig
+from rollout.config import register_configs as register_rollout_configs
 from rollout.config import validate as validate_rollout
-from trainer.advantages import AdvantageConfig, validate_config
+from trainer.advantages import AdvantageConfig
 from trainer.learner import LearnerConfig
 from trainer.losses import LossConfig
-from trainer.packing import NORMALIZATIONS
 
 
 @dataclass
 class AlgorithmConfig:
     name: str = "grpo"  # label for logs
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
+    loss: LossConfig = field(default_factory=LossConfig)  # conf/train.yaml ties loss.temperature to sampling's
     merge_prefixes: bool = True  # train exact-prefix turns of a trace as one row
 
 
@@ -35,7 +37,6 @@ class LoopConfig:
     eval_every: int = 10  # steps between held-out evaluations (0: only before and after)
     save_every: int = 0  # steps between checkpoints (0: only at the end)
     log_traces_every: int = 10  # steps between wandb trace tables (0: never)
-    seed: int = 0  # torch / sampling seed
     resume: str | None = None  # a run dir: continue from its last checkpoint
     rollout_timeout_s: float = 1800.0  # waiting for one step's traces longer than this is an error
 
@@ -45,13 +46,19 @@ class EvalConfig:
     size: int = 32  # held-out task instances (task.eval_seed keeps them apart from training)
     temperature: float = 0.0  # 0: greedy
     max_tokens: int | None = None  # None: sampling.max_tokens
+    timeout_s: float = 1800.0  # one evaluation taking longer than this is an error
+
+
+class LoggerMode(StrEnum):
+    offline = "offline"  # wandb run files in run_dir/wandb; `wandb sync` uploads later
+    online = "online"  # wandb with WANDB_API_KEY
+    disabled = "disabled"  # no wandb (metrics.jsonl and the status line are always written)
 
 
 @dataclass
 class LoggerConfig:
-    backend: str = "wandb"  # wandb | none (metrics.jsonl and the status line are always written)
-    mode: str = "offline"  # offline | online | disabled
-    project: str = "tracerl"
+    mode: LoggerMode = LoggerMode.offline  # wandb mode
+    project: str = "tracerl"  # wandb project
     name: str | None = None  # run name (default: the run dir's name)
 
 
@@ -64,42 +71,59 @@ class TrainJobConfig(RolloutJobConfig):
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     run_dir: str = "runs/default"  # resolved config, metrics.jsonl, checkpoints, summary.json
 
+    def trained_policy(self) -> str:
+        """The one policy the learners train: the roles' policy that is not frozen."""
+        [policy] = sorted({p for p in self.agents.values() if p != FROZEN_POLICY})
+        return policy
+
 
 def validate(cfg: TrainJobConfig) -> None:
     """Every cross-field check of the training job; raises ValueError naming the key(s)."""
     validate_rollout(cfg)
-    validate_config(cfg.algorithm.advantage)
     t, a, lr = cfg.trainer, cfg.algorithm, cfg.learner
     checks = [
         (t.steps >= 1, "trainer.steps must be >= 1"),
         (t.groups_per_step >= 1, "trainer.groups_per_step must be >= 1"),
         (t.max_staleness >= 0, "trainer.max_staleness must be >= 0 (0 = synchronous)"),
-        (a.loss.normalization in NORMALIZATIONS, f"algorithm.loss.normalization must be one of {NORMALIZATIONS}"),
-        (a.loss.temperature == cfg.sampling.temperature or cfg.sampling.temperature == 0,
-         "algorithm.loss.temperature must equal sampling.temperature: the learner must score the "
-         "distribution the engine sampled from"),
+        (cfg.sampling.temperature > 0, "sampling.temperature must be > 0 for training: greedy samples "
+                                       "carry no policy gradient (eval.temperature can be 0)"),
+        (a.loss.temperature == cfg.sampling.temperature,
+         "algorithm.loss.temperature must equal sampling.temperature (conf/train.yaml ties them): the "
+         "learner must score the distribution the engine sampled from"),
         (cfg.sampling.top_p == 1.0, "sampling.top_p must be 1.0 for training: the learner cannot "
                                     "reproduce a top-p-truncated behaviour distribution"),
+        (a.advantage.eps >= 0, "algorithm.advantage.eps must be >= 0"),
         (lr.lr > 0, "learner.lr must be > 0"),
         (0 <= lr.zero_stage <= 3, "learner.zero_stage must be 0, 1, 2 or 3"),
         (lr.world_size >= 1, "learner.world_size must be >= 1"),
-        (lr.dtype in ("float32", "bfloat16"), "learner.dtype must be float32 or bfloat16"),
-        (lr.optimizer in ("adamw", "sgd"), "learner.optimizer must be adamw or sgd"),
-        (cfg.logger.backend in ("wandb", "none"), "logger.backend must be wandb or none"),
-        (cfg.logger.mode in ("offline", "online", "disabled"), "logger.mode must be offline, online or disabled"),
         (cfg.eval.size >= 0, "eval.size must be >= 0"),
         (cfg.eval.size <= cfg.task.eval_size, f"eval.size={cfg.eval.size} is more than the task's "
                                               f"held-out set (task.eval_size={cfg.task.eval_size})"),
         (any(p != FROZEN_POLICY for p in cfg.agents.values()),
-         "agents: no role is mapped to a trainable policy (all are 'frozen'); map one to 'main'"),
+         f"agents: no role is mapped to a trainable policy (all are {FROZEN_POLICY!r}); map one to 'main'"),
     ]
     for ok, msg in checks:
         if not ok:
             raise ValueError(msg)
-    trainable = {p for p in cfg.agents.values() if p != FROZEN_POLICY}
-    if trainable != {"main"}:
-        raise ValueError(f"agents: only one trainable policy, 'main', is supported for now; got {sorted(trainable)}")
+    trainable = sorted({p for p in cfg.agents.values() if p != FROZEN_POLICY})
+    if len(trainable) > 1:
+        raise ValueError(f"agents: only one trainable policy per run is supported for now; got {trainable}")
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainJobConfig)
+
+
+def compose(config_name: str = "train", overrides: list[str] = ()) -> TrainJobConfig | GenerateJobConfig:
+    """conf/<config_name>.yaml with hydra `overrides`, as the typed config object (for benches and
+    tests; the scripts get the same from @hydra.main)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_rollout_configs()
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return OmegaConf.to_object(hydra_compose(config_name, overrides=list(overrides)))

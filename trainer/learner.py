@@ -18,9 +18,15 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import MicroBatch
+
+
+class Optimizer(StrEnum):
+    adamw = "adamw"
+    sgd = "sgd"
 
 
 @dataclass
@@ -31,8 +37,7 @@ class LearnerConfig:
     torch_threads: int = 0  # CPU: intra-op threads per rank (0: Ray's default, num_cpus)
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources (node placement)
     zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
-    dtype: str = "float32"  # float32 | bfloat16
-    optimizer: str = "adamw"  # adamw | sgd
+    optimizer: Optimizer = Optimizer.adamw  # a torch optimizer (DeepSpeed's own would g++-build ops)
     lr: float = 1e-5  # peak learning rate
     warmup_steps: int = 0  # linear warm-up from 0 to lr
     weight_decay: float = 0.0
@@ -57,8 +62,11 @@ def free_port() -> int:
 
 
 class Learner:
-    def __init__(self, rank: int, model_path: str, cfg: LearnerConfig, loss: LossConfig, seed: int = 0):
-        self.rank, self.model_path, self.cfg, self.loss_cfg, self.seed = rank, model_path, cfg, loss, seed
+    def __init__(self, rank: int, model_path: str, cfg: LearnerConfig, loss: LossConfig,
+                 dtype: str = "float32", seed: int = 0):
+        """`dtype`: the model's (`model.dtype`): float32, or bfloat16 with fp32 master weights."""
+        self.rank, self.model_path, self.cfg, self.loss_cfg = rank, model_path, cfg, loss
+        self.dtype, self.seed = dtype, seed
         self.step = 0
         self.engine = None
 
@@ -93,7 +101,7 @@ class Learner:
         if cfg.torch_threads > 0:
             torch.set_num_threads(cfg.torch_threads)
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-        dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+        dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -115,7 +123,7 @@ class Learner:
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": cfg.zero_stage},
             "zero_allow_untested_optimizer": True,  # torch SGD (AdamW is on the tested list)
-            "bf16": {"enabled": cfg.dtype == "bfloat16"},
+            "bf16": {"enabled": self.dtype == "bfloat16"},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.packing import Normalization
+
 
 @dataclass
 class LossConfig:
@@ -28,7 +30,7 @@ class LossConfig:
     dual_clip: float = 3.0  # bound on -r*A for negative advantages (0 disables)
     kl_coef: float = 0.0  # weight of KL to the frozen reference (0: no reference model)
     temperature: float = 1.0  # logits are divided by this, as the engine sampled
-    normalization: str = "token"  # token | sequence | trace | constant (see trainer/packing.py)
+    normalization: Normalization = Normalization.token  # what a token's loss weight is divided by (trainer/packing.py)
     constant: float = 1024.0  # the "constant" normalisation's tokens per trace
 
 

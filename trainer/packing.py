@@ -20,12 +20,20 @@ positions < t. Position 0 is never trained.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 
 from rollout.trace import Trace, prefix_chains
 
-NORMALIZATIONS = ("token", "sequence", "trace", "constant")
+
+class Normalization(StrEnum):
+    """What each token's loss weight is normalised by (see `token_weights`)."""
+
+    token = "token"
+    sequence = "sequence"
+    trace = "trace"
+    constant = "constant"
 
 
 @dataclass
@@ -61,7 +69,8 @@ class MicroBatch:
         return int((self.weights != 0).sum())
 
 
-def token_weights(traces: list[Trace], normalization: str, constant: float = 1024.0) -> list[list[float]]:
+def token_weights(traces: list[Trace], normalization: Normalization | str,
+                  constant: float = 1024.0) -> list[list[float]]:
     """Per-sequence loss weight of each generated token (same for every token of a sequence).
 
     token:    1 / (trainable tokens in the batch)            -- every token counts equally
@@ -70,8 +79,8 @@ def token_weights(traces: list[Trace], normalization: str, constant: float = 102
     constant: 1 / (traces * constant)                         -- length-unbiased (Dr. GRPO)
     Untrainable sequences (frozen, or in failed traces) and empty completions get 0.
     """
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"algorithm.loss.normalization={normalization!r}; expected one of {NORMALIZATIONS}")
+    if normalization not in Normalization.__members__:
+        raise ValueError(f"algorithm.loss.normalization={normalization!r}; expected one of {list(Normalization)}")
     live = [t.trained_mask() for t in traces]
     n_tokens = sum(len(s.completion_ids) for t, m in zip(traces, live) for s, ok in zip(t.sequences, m) if ok)
     n_seqs = sum(sum(m) for m in live)

@@ -279,9 +279,9 @@ def test_advantage_stats():
     advs = grpo(ts, eps=0.0)  # [[1, 0], [-1], [0]]
     st = advantage_stats(ts, advs)
     # over trainable sequences of ok traces: [1, -1]
-    assert st == {"adv/mean": 0.0, "adv/std": 1.0, "adv/min": -1.0, "adv/max": 1.0,
-                  "adv/count": 2.0, "adv/frac_zero": 0.0}
-    assert advantage_stats([], [])["adv/count"] == 0.0
+    assert st == {"mean": 0.0, "std": 1.0, "min": -1.0, "max": 1.0,
+                  "count": 2.0, "frac_zero": 0.0}
+    assert advantage_stats([], [])["count"] == 0.0
     with pytest.raises(ValueError):
         advantage_stats(ts, advs[:2])
 

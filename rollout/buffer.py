@@ -1,4 +1,4 @@
-"""TraceBuffer: where finished traces wait for the trainer (a Ray actor, one per policy).
+"""TraceBuffer: where finished traces wait for the trainer (a Ray actor).
 
 Rollout workers `put` traces as they finish; the trainer `get`s whole groups
 (all `group_size` traces of one task instance, needed by group baselines such
@@ -19,14 +19,14 @@ from rollout.trace import Trace, TraceError
 class TraceBuffer:
     """Holds traces by group and releases complete groups in completion order."""
 
-    def __init__(self, policy: str, group_size: int, vocab_sizes: dict[str, int] | None = None,
-                 max_errors_kept: int = 20):
-        self.policy = policy
+    def __init__(self, group_size: int, vocab_sizes: dict[str, int] | None = None, max_errors_kept: int = 20):
+        """`vocab_sizes`: policy -> vocabulary size; a sequence's ids must fall inside its policy's."""
         self.group_size = group_size
         self.vocab_sizes = dict(vocab_sizes or {})
         self._partial: dict[str, list[Trace]] = OrderedDict()  # group id -> traces so far
         self._ready: list[list[Trace]] = []  # complete groups, oldest first
         self._cond = asyncio.Condition()
+        self._interrupted = 0  # the latest get `call` number interrupted (calls count from 1)
         self.counts: Counter[str] = Counter(received=0, rejected=0, groups_ready=0, groups_taken=0)
         self.errors: list[str] = []  # latest rejection reasons
         self._max_errors_kept = max_errors_kept
@@ -55,20 +55,30 @@ class TraceBuffer:
                 self._cond.notify_all()
         return True
 
-    async def get(self, num_groups: int, timeout_s: float | None = None) -> list[list[Trace]]:
-        """Block until `num_groups` complete groups are ready (or the timeout passes), then take them.
+    async def get(self, num_groups: int, timeout_s: float | None = None, call: int = 0) -> list[list[Trace]]:
+        """Block until `num_groups` complete groups are ready, then take them.
 
-        On timeout, returns whatever complete groups there are (possibly none).
+        Returns early, with whatever complete groups there are (possibly none), when
+        `timeout_s` passes or `interrupt(call)` is called with this get's `call` number
+        (or a later one), before or during the wait: a caller that knows no more traces
+        are coming ends the wait without losing the groups it takes. (Ray may run an
+        async actor's calls out of order, so the interrupt names its get.)
         """
         async with self._cond:
             try:
-                await asyncio.wait_for(
-                    self._cond.wait_for(lambda: len(self._ready) >= num_groups), timeout_s)
+                await asyncio.wait_for(self._cond.wait_for(
+                    lambda: len(self._ready) >= num_groups or call <= self._interrupted), timeout_s)
             except asyncio.TimeoutError:
                 pass
             taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
         self.counts["groups_taken"] += len(taken)
         return taken
+
+    async def interrupt(self, call: int) -> None:
+        """End the wait of `get` number `call` (and of any earlier one)."""
+        async with self._cond:
+            self._interrupted = max(self._interrupted, call)
+            self._cond.notify_all()
 
     async def stats(self) -> dict[str, Any]:
         return {**self.counts, "groups_waiting": len(self._ready),

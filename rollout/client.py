@@ -54,6 +54,11 @@ class ChatFormat:
 
         return cls(AutoTokenizer.from_pretrained(path))
 
+    @property
+    def pad_id(self) -> int:
+        """The id that pads training rows (the tokenizer's pad token, else its EOS)."""
+        return self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
+
     def _text(self, messages: list[Message], add_generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False,
                                             add_generation_prompt=add_generation_prompt)

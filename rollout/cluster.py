@@ -1,17 +1,21 @@
 """Driver-side helpers that start Ray and spawn the rollout actors with resources from config.
 
 The actor classes themselves stay plain Python (testable without Ray); this
-is the one place that decides where they run.
+is the one place that decides where they run. `rollout/fleet.py` composes
+them into the rollout side of a run.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+from typing import Any, Callable
 
 import ray
 
 from rollout.buffer import TraceBuffer
-from rollout.config import EngineConfig, ModelConfig, RayConfig, RolloutConfig, SamplingConfig
+from rollout.config import EngineConfig, ModelConfig, RayConfig, RolloutJobConfig
 from rollout.engine import Engine
 from rollout.worker import RolloutWorker
 
@@ -27,27 +31,64 @@ def start_ray(cfg: RayConfig) -> None:
     ray.init(address=cfg.address, **kwargs)
 
 
-def spawn_engines(model_path: str, model: ModelConfig, cfg: EngineConfig, policy: str,
-                  seed: int = 0) -> list:
-    """Start `cfg.num_engines` Engine actors for one policy and wait until they are up."""
+def run_job(dcfg, validate: Callable[[Any], None], job: Callable[[Any], dict]) -> None:
+    """What every entry point does with the config Hydra composed: convert it to the typed
+    schema and validate it (a bad one exits 2 with `config error: ...`, before Ray starts), run
+    the job, shut Ray down whatever happens, and print the job's summary as the last line (JSON)."""
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = OmegaConf.to_object(dcfg)
+        validate(cfg)
+    except ValueError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        summary = job(cfg)
+    finally:
+        ray.shutdown()
+    print(json.dumps(summary))
+
+
+def await_started(actors: list, ready: list, timeout_s: float, what: str, resources: dict) -> list:
+    """ray.get the `ready` refs of freshly created `actors`; on any failure kill them all, and name
+    `what` did not start, with the resources each asked for and those free, past `timeout_s`."""
+    try:
+        return ray.get(ready, timeout=timeout_s)
+    except BaseException as e:
+        for actor in actors:
+            ray.kill(actor)
+        if isinstance(e, ray.exceptions.GetTimeoutError):
+            raise TimeoutError(f"{what} did not start within {timeout_s}s: each asks for {resources}; "
+                               f"free in the cluster: {ray.available_resources()}") from None
+        raise
+
+
+def spawn_engines(model_path: str, model: ModelConfig, cfg: EngineConfig, policies: list[str],
+                  seed: int = 0) -> dict[str, list]:
+    """Start `cfg.num_engines` Engine actors per policy and wait until all of them are up."""
     cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None)(Engine)
-    engines = [cls.options(max_concurrency=1000).remote(
-        model_path, cfg, policy=policy, dtype=model.dtype, max_model_len=model.max_model_len,
-        seed=seed + i) for i in range(cfg.num_engines)]
-    # Surface a failed start (bad model, too little memory) here, with vLLM's error.
-    ray.get([e.info.remote() for e in engines], timeout=cfg.start_timeout_s)
+    engines = {p: [cls.options(max_concurrency=1000).remote(
+        model_path, cfg, policy=p, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i)
+        for i in range(cfg.num_engines)] for p in policies}
+    # Surface a failed start (bad model, too little memory, no room to place it) here.
+    everyone = [e for pool in engines.values() for e in pool]
+    await_started(everyone, [e.info.remote() for e in everyone], cfg.start_timeout_s,
+                  f"engines of policies {policies} (engine.start_timeout_s)",
+                  {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources})
     return engines
 
 
-def spawn_buffer(policy: str, group_size: int, vocab_sizes: dict[str, int]):
-    return ray.remote(num_cpus=0)(TraceBuffer).remote(policy, group_size, vocab_sizes)
+def spawn_buffer(group_size: int, vocab_sizes: dict[str, int]):
+    return ray.remote(num_cpus=0)(TraceBuffer).remote(group_size, vocab_sizes)
 
 
-def spawn_workers(cfg: RolloutConfig, harness, task, agents: dict[str, str],
-                  engines: dict[str, list], tokenizer_paths: dict[str, str],
-                  sampling: SamplingConfig, buffer) -> list:
-    """Start `cfg.num_workers` RolloutWorker actors sharing the engines and the buffer."""
+def spawn_workers(cfg: RolloutJobConfig, engines: dict[str, list], model_paths: dict[str, str], buffer,
+                  start_timeout_s: float = 300.0) -> list:
+    """Start `cfg.rollout.num_workers` RolloutWorker actors sharing the engines and the buffer,
+    and wait until they are up (a harness or task source that fails to load fails here)."""
     cls = ray.remote(num_cpus=0)(RolloutWorker)
-    return [cls.options(max_concurrency=1000).remote(
-        i, harness, task, agents, engines, tokenizer_paths, sampling, cfg, buffer)
-        for i in range(cfg.num_workers)]
+    workers = [cls.options(max_concurrency=1000).remote(i, cfg, engines, model_paths, buffer)
+               for i in range(cfg.rollout.num_workers)]
+    await_started(workers, [w.stats.remote() for w in workers], start_timeout_s, "rollout workers", {"num_cpus": 0})
+    return workers

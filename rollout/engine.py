@@ -79,7 +79,7 @@ def sampling_params(s: SamplingConfig, seed: int | None = None):
         n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
         stop=list(s.stop) or None, ignore_eos=s.ignore_eos, seed=seed, logprobs=0,
         detokenize=bool(s.stop),
-        # With n > 1 the last streamed output can miss completions (NOTES.md).
+        # With n > 1 the last streamed output can miss completions (docs/cpu_notes.md).
         output_kind=RequestOutputKind.FINAL_ONLY)
 
 

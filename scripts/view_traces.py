@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 from pathlib import Path
 
-# Keep this folder off sys.path: scripts/rollout.py would shadow the `rollout` package.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
-from rollout.models import BUILTIN_MODELS, resolve_model  # noqa: E402
-from rollout.trace import TraceError, read_jsonl  # noqa: E402
-from rollout.view import build_view, load_decode, render_page  # noqa: E402
+from rollout.models import BUILTIN_MODELS, resolve_model
+from rollout.trace import TraceError, read_jsonl
+from rollout.view import build_view, load_decode, render_page
 
 
 def _run_dir_model(traces: Path) -> str | None:
@@ -47,7 +43,7 @@ def tokenizer_path(model: str | None, traces: Path, parser: argparse.ArgumentPar
         hint = _run_dir_model(traces)
         where = (f"{traces.parent} looks like a run dir (config.yaml names model {hint!r}); "
                  f"pass it explicitly, e.g. --model {hint}" if hint else
-                 f"e.g. --model tiny, or --model /path/to/hf/model")
+                 "e.g. --model tiny, or --model /path/to/hf/model")
         parser.error(f"--model is required: the tokenizer that decodes the token ids ({where})")
     if model in BUILTIN_MODELS:
         return resolve_model(model)
@@ -62,7 +58,7 @@ def tokenizer_path(model: str | None, traces: Path, parser: argparse.ArgumentPar
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("traces", type=Path, help="a traces.jsonl (scripts/rollout.py out=...)")
+    parser.add_argument("traces", type=Path, help="a traces.jsonl (scripts/generate.py out=...)")
     parser.add_argument("-o", "--out", type=Path, help="the HTML file to write (default: beside the traces)")
     parser.add_argument("--model", help="tokenizer: a built-in model name or a local HF model folder")
     parser.add_argument("--limit", type=int, help="show only the first N traces")

@@ -1,12 +1,17 @@
 """Checkpoints: an HF-format policy folder (loadable by vLLM and transformers) + DeepSpeed state.
 
     run_dir/checkpoints/step_000100/
-        hf/            config.json, tokenizer files, model.safetensors  (the policy)
-        deepspeed/     DeepSpeed's own model / optimizer / scheduler state (resume)
+        hf/                  config.json, tokenizer files, model.safetensors  (the policy)
+        deepspeed/           DeepSpeed's own model / optimizer / scheduler state (resume)
+        trainer_state.json   the loop's step and the policy's weight version
+
+No RNG state is kept: tasks come from the step number, and every model call
+samples with a seed derived from (seed, trace id, role, call number).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -38,12 +43,22 @@ def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> 
     return out
 
 
-def save(learners: LearnerGroup, base_model: str | Path, run_dir: str | Path, step: int) -> Path:
-    """Save both views of the policy at `step`; returns the checkpoint folder."""
+def save(learners: LearnerGroup, base_model: str | Path, run_dir: str | Path, step: int, version: int) -> Path:
+    """Save both views of the policy and the loop's position at `step`; returns the checkpoint folder."""
     d = step_dir(run_dir, step)
     save_hf(learners, base_model, d / "hf")
     learners.save(str(d / "deepspeed"))
+    (d / "trainer_state.json").write_text(json.dumps({"step": step, "version": version}))
     return d
+
+
+def restore(learners: LearnerGroup, run_dir: str | Path) -> dict[str, int]:
+    """Load the newest checkpoint of `run_dir` into the learners; returns its {step, version}."""
+    d = latest(run_dir)
+    if d is None:
+        raise FileNotFoundError(f"trainer.resume={str(run_dir)!r}: no checkpoint under {run_dir}/checkpoints")
+    learners.load(str(d / "deepspeed"))
+    return json.loads((d / "trainer_state.json").read_text())
 
 
 def latest(run_dir: str | Path) -> Path | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ray
 
+from rollout.cluster import await_started
 from trainer.learner import Learner, LearnerConfig
 from trainer.losses import LossConfig
 from trainer.packing import MicroBatch, shard
@@ -18,15 +19,20 @@ SUMMED = ("tokens", "padded_tokens", "loss", "clip_frac", "ratio", "mismatch_kl"
 
 
 class LearnerGroup:
-    def __init__(self, model_path: str, cfg: LearnerConfig, loss: LossConfig, seed: int = 0,
-                 pad_id: int = 0, setup_timeout_s: float = 900.0):
+    """`world_size` Learner ranks of one policy; a context manager that kills them on exit."""
+
+    def __init__(self, model_path: str, cfg: LearnerConfig, loss: LossConfig, dtype: str = "float32",
+                 seed: int = 0, pad_id: int = 0, setup_timeout_s: float = 900.0):
         self.cfg, self.pad_id = cfg, pad_id
         cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus,
                          resources=dict(cfg.resources) or None)(Learner)
-        self.ranks = [cls.remote(r, model_path, cfg, loss, seed) for r in range(cfg.world_size)]
-        addr, port = ray.get(self.ranks[0].master_address.remote())
+        self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed) for r in range(cfg.world_size)]
         # every rank must enter DeepSpeed's rendezvous at the same time
-        infos = ray.get([r.setup.remote(addr, port) for r in self.ranks], timeout=setup_timeout_s)
+        resources = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources}
+        [(addr, port)] = await_started(self.ranks, [self.ranks[0].master_address.remote()], setup_timeout_s,
+                                       f"learner rank 0 of {cfg.world_size}", resources)
+        infos = await_started(self.ranks, [r.setup.remote(addr, port) for r in self.ranks], setup_timeout_s,
+                              f"{cfg.world_size} learner ranks (DeepSpeed setup)", resources)
         self.node_ids = [i["node_id"] for i in infos]  # where each rank runs
 
     def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
@@ -58,6 +64,12 @@ class LearnerGroup:
 
     def param_digests(self) -> list[str]:
         return ray.get([r.param_digest.remote() for r in self.ranks])
+
+    def __enter__(self) -> LearnerGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
 
     def shutdown(self) -> None:
         for r in self.ranks:

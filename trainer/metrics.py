@@ -1,8 +1,14 @@
-"""Run logging: metrics.jsonl in the run dir, wandb (offline by default), one status line per step."""
+"""Metrics under their final names, and run logging: metrics.jsonl, wandb, one status line per step.
+
+Prefixes: `rollout/*` (this step's traces, rollout/stats.py, and their
+advantages), `train/*` (the optimizer step), `perf/*` (where the seconds go),
+`sync/*` (weight sync), `async/*` (staleness), `eval/*` (held-out runs).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -10,6 +16,34 @@ from typing import Any
 
 from rollout.trace import Trace
 from rollout.view import build_view, render_sequence
+from trainer.advantages import advantage_stats
+
+
+def advantage_metrics(traces: list[Trace], advs: list[list[float]]) -> dict[str, float]:
+    """rollout/adv_{mean,std,min,max,count,frac_zero} over trainable sequences of ok traces."""
+    return {f"rollout/adv_{k}": v for k, v in advantage_stats(traces, advs).items()}
+
+
+def train_metrics(stats: dict[str, float], packing: dict[str, float]) -> dict[str, float]:
+    """train/*: one optimizer step's learner sums (per token where it is a mean) and packing."""
+    tokens = max(stats["tokens"], 1.0)
+    return {"train/loss": stats["loss"], "train/grad_norm": stats["grad_norm"], "train/lr": stats["lr"],
+            "train/trained_tokens": stats["tokens"], "train/clip_frac": stats["clip_frac"] / tokens,
+            "train/ratio_mean": stats["ratio"] / tokens, "train/ratio_max": stats["ratio_max"],
+            "train/mismatch_kl": stats["mismatch_kl"] / tokens, "train/kl_ref": stats["kl_ref"] / tokens,
+            "train/entropy": stats["entropy"] / tokens, "train/merge_saving": packing["merge_saving"],
+            "train/padding_fraction": packing["padding_fraction"], "train/rows": packing["rows"]}
+
+
+def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, float]:
+    """How the same held-out tasks moved between two evals: tasks that got better / worse,
+    and the two-sided sign-test p-value of that split (ties dropped) — the noise check for
+    "did eval reward really rise" that two independent means cannot give on a small set."""
+    better = sum(a.reward > b.reward for b, a in zip(before, after))
+    worse = sum(a.reward < b.reward for b, a in zip(before, after))
+    n, k = better + worse, min(better, worse)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    return {"better": better, "worse": worse, "sign_test_p": p}
 
 
 def trace_table(traces: list[Trace], decode):
@@ -30,13 +64,15 @@ def trace_table(traces: list[Trace], decode):
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, backend: str, mode: str, project: str, name: str | None,
+    """metrics.jsonl (appended to on resume), wandb unless `mode` is disabled; a context manager."""
+
+    def __init__(self, run_dir: Path, mode: str, project: str, name: str | None,
                  config: dict[str, Any], resume: bool = False):
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         self._file = open(self.path, "a" if resume else "w")
         self.wandb = None
-        if backend == "wandb" and mode != "disabled":
+        if mode != "disabled":
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
@@ -68,6 +104,12 @@ class RunLogger:
         """Log `trace_table` of a few full traces."""
         if self.wandb is not None:
             self.wandb.log({"rollout/traces": trace_table(traces, decode)}, step=step)
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._file.closed:

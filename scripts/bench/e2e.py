@@ -12,34 +12,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-# scripts/bench/rollout.py would shadow the `rollout` package: keep this folder off sys.path.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+import ray
 
-import ray  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from rollout.cluster import start_ray  # noqa: E402
-from rollout.config import RayConfig  # noqa: E402
-from trainer.config import register_configs  # noqa: E402
-from trainer.loop import train  # noqa: E402
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
+from rollout.cluster import start_ray
+from rollout.config import RayConfig
+from trainer.config import compose
+from trainer.loop import train
 
 
 def run_mode(overrides: list[str], staleness: int, steps: int) -> dict:
     run_dir = tempfile.mkdtemp(prefix=f"bench-e2e-s{staleness}-")
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = OmegaConf.to_object(compose("train", overrides=[
-            *overrides, f"run_dir={run_dir}", f"trainer.steps={steps}", f"trainer.max_staleness={staleness}",
-            "eval.size=0", "trainer.save_every=0", "logger=disabled"]))
-    summary = train(cfg)
+    summary = train(compose("train", [*overrides, f"run_dir={run_dir}", f"trainer.steps={steps}",
+                                      f"trainer.max_staleness={staleness}", "eval.size=0", "logger=disabled"]))
     rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     steps_m = [r for r in rows if "perf/step_s" in r]
     loop_s = sum(r["perf/step_s"] for r in steps_m)
@@ -58,7 +46,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("overrides", nargs="*", default=["experiment=smoke"])
     args = ap.parse_args()
-    register_configs()
     start_ray(RayConfig(num_cpus=4))
     t0 = time.time()
     sync = run_mode(args.overrides, 0, args.steps)

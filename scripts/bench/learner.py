@@ -15,28 +15,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import sys
 import time
 
-# scripts/bench/rollout.py would shadow the `rollout` package: keep this folder off sys.path.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+import numpy as np
+import ray
+import torch
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-import torch  # noqa: E402
-
-from rollout.client import ChatFormat  # noqa: E402
-from rollout.cluster import spawn_engines, start_ray  # noqa: E402
-from rollout.config import EngineConfig, ModelConfig, RayConfig  # noqa: E402
-from rollout.models import resolve_model  # noqa: E402
-from rollout.trace import Sequence, Trace  # noqa: E402
-from trainer.learner import LearnerConfig  # noqa: E402
-from trainer.learner_group import LearnerGroup  # noqa: E402
-from trainer.losses import LossConfig, microbatch_loss  # noqa: E402
-from trainer.packing import build_rows, pack, packing_stats, token_weights  # noqa: E402
-from trainer.weight_sync import ObjectStoreSync  # noqa: E402
+from rollout.client import ChatFormat
+from rollout.cluster import start_ray
+from rollout.config import RayConfig
+from rollout.fleet import RolloutFleet
+from rollout.models import resolve_model
+from rollout.trace import Sequence, Trace
+from trainer.config import compose
+from trainer.learner import LearnerConfig
+from trainer.learner_group import LearnerGroup
+from trainer.losses import LossConfig, microbatch_loss
+from trainer.packing import build_rows, pack, packing_stats, token_weights
+from trainer.policy import TrainedPolicy
 
 
 def conversation_trace(fmt: ChatFormat, vocab: int, turns: int, gen: int, obs: int, rng: random.Random,
@@ -122,12 +119,11 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
     return out
 
 
-def section_c(path: str, model_name: str, rounds: int = 3) -> dict:
-    engine_cfg = EngineConfig(num_cpus=1, kv_cache_gb=0.5)
-    [engine] = spawn_engines(path, ModelConfig(name=model_name), engine_cfg, "main")
-    group = LearnerGroup(path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2), LossConfig())
-    sync = ObjectStoreSync(group, [engine])
-    results = [sync.push(v) for v in range(1, rounds + 1)]
+def section_c(model_name: str, rounds: int = 3) -> dict:
+    """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners and sync."""
+    cfg = compose("train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5"])
+    with RolloutFleet(cfg) as fleet, TrainedPolicy(cfg, cfg.trained_policy(), fleet) as policy:
+        results = [policy.sync.push(v) for v in range(1, rounds + 1)]
     nbytes = int(results[0]["bytes"])
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     copies = []
@@ -136,9 +132,6 @@ def section_c(path: str, model_name: str, rounds: int = 3) -> dict:
         dst = src.copy()
         copies.append(time.perf_counter() - t0)
     del dst
-    group.shutdown()
-    ray.get(engine.shutdown.remote())
-    ray.kill(engine)
     best = min(results, key=lambda r: r["seconds"])
     copy_s = min(copies)
     return {"bytes": nbytes, "sync_s": round(best["seconds"], 3),
@@ -170,7 +163,7 @@ def main() -> None:
             res["b_merging"] = section_b(path, fmt, vocab, args.budget)
             print(name, "b", res["b_merging"], flush=True)
         if "c" in args.sections:
-            res["c_weight_sync"] = section_c(path, name)
+            res["c_weight_sync"] = section_c(name)
             print(name, "c", res["c_weight_sync"], flush=True)
         result[name] = res
     ray.shutdown()

@@ -14,29 +14,22 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import ray
 
-from rollout.cluster import spawn_buffer, spawn_workers
-from rollout.config import HarnessConfig, RolloutConfig, SamplingConfig, TaskConfig
+from rollout.config import HarnessConfig
 from rollout.trace import read_jsonl, write_jsonl
 from rollout.view import CSS, GENERATED, MASKED, PROMPT
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
-TASK = TaskConfig(name="chain_sum", params={"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1})
 
 
 @pytest.fixture(scope="module")
-def traces_file(engine, tiny_path, tmp_path_factory) -> Path:
+def traces_file(run_worker, tmp_path_factory) -> Path:
     harness = HarnessConfig(_target_="harnesses.solver_verifier.solver_verifier", name="solver_verifier",
                             roles=["solver", "verifier"])
-    agents = {"solver": "main", "verifier": "frozen"}
-    buffer = spawn_buffer("main", 2, {"main": 512, "frozen": 512})
-    [worker] = spawn_workers(RolloutConfig(concurrency=4, group_size=2, timeout_s=60.0), harness, TASK, agents,
-                             {p: [engine] for p in ("main", "frozen")}, {p: tiny_path for p in ("main", "frozen")},
-                             SamplingConfig(max_tokens=24), buffer)
-    ray.get(worker.run.remote([0, 1]), timeout=300)
-    traces = [t for g in ray.get(buffer.get.remote(2, timeout_s=5)) for t in g]
+    _, groups, _ = run_worker(harness, {"solver": "main", "verifier": "frozen"}, n_tasks=2, timeout_s=60.0,
+                              max_tokens=24)
+    traces = [t for g in groups for t in g]
     assert len(traces) == 4 and all(t.status != "failed" for t in traces), [t.error for t in traces]
     path = tmp_path_factory.mktemp("view") / "traces.jsonl"
     write_jsonl(traces, path)

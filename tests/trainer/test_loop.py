@@ -4,30 +4,18 @@ Rewards can only rise if the engines really sample from the trained weights,
 so a rising held-out reward shows the whole loop closes.
 """
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from trainer.config import register_configs
+from rollout.trace import read_jsonl
+from tests.conftest import read_metrics as metrics
+from trainer.config import compose
 from trainer.loop import train
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
-register_configs()
 
 
 def smoke_cfg(run_dir, *overrides):
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return OmegaConf.to_object(compose("train", overrides=["experiment=smoke", f"run_dir={run_dir}",
-                                                               *overrides]))
-
-
-def metrics(run_dir):
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return compose("train", ["experiment=smoke", f"run_dir={run_dir}", *overrides])
 
 
 @pytest.mark.slow
@@ -39,7 +27,10 @@ def test_async_training_learns_within_staleness_bound(ray_cluster, tmp_path):
     assert len(steps) == 20
     assert all(m["async/staleness_max"] <= 1 for m in steps)
     assert any(m["async/staleness_max"] == 1 for m in steps), "rollout must actually overlap training"
-    assert summary["dropped_stale"] == steps[-1]["async/dropped_stale"] >= 0
+    # Back-pressure: a batch is submitted only once the weights it may lag are out, so only a
+    # group overtaken by the next step's can come in too stale (dropped, counted).
+    assert summary["dropped_stale"] == steps[-1]["async/dropped_stale"]
+    assert summary["dropped_stale"] < 0.25 * 20 * 64, summary["dropped_stale"]
 
 
 @pytest.mark.slow
@@ -79,7 +70,12 @@ def test_selfplay_against_a_frozen_player_trains_on_per_agent_rewards(ray_cluste
     steps = [m for m in metrics(tmp_path) if "rollout/reward/player_a" in m]
     assert len(steps) == 2
     for m in steps:
-        assert m["rollout/reward"] == 0.0 and m["rollout/failed"] == 0
-        assert -1.0 <= m["rollout/reward/player_a"] <= 1.0 and m["rollout/adv_count"] > 0
+        assert m["rollout/reward"] == 0.0 and m["rollout/failed"] == 0 and m["rollout/adv_count"] > 0
     assert summary["trained_tokens"] > 0
-    assert -1.0 <= summary["final_eval"]["eval/reward/player_a"] <= 1.0
+    # zero-sum per agent: +1 for the winner, -1 for the loser (of those who moved)
+    evals = list(read_jsonl(tmp_path / "eval/step_2.jsonl"))
+    assert len(evals) == 8 and all(t.status != "failed" for t in evals)
+    for t in evals:
+        assert sorted(t.agent_rewards.values()) in ([-1.0], [1.0], [-1.0, 1.0]), t.agent_rewards
+    player_a = [t.agent_rewards["player_a"] for t in evals]
+    assert summary["final_eval"]["eval/reward/player_a"] == pytest.approx(sum(player_a) / len(player_a))

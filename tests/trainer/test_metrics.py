@@ -1,9 +1,12 @@
-"""The wandb trace table: the trace viewer's card for every sequence, and RunLogger logs it."""
+"""Metrics under their final names: the paired sign test, advantages, the learner's sums; and
+the wandb trace table (the trace viewer's card for every sequence), which RunLogger logs."""
 
 import json
 
+import pytest
+
 from rollout.trace import Sequence, Trace
-from trainer.metrics import RunLogger, trace_table
+from trainer.metrics import RunLogger, advantage_metrics, paired_comparison, trace_table, train_metrics
 
 
 def decode(ids):
@@ -29,8 +32,37 @@ def test_trace_table_has_a_rendered_card_per_sequence():
 
 
 def test_run_logger_logs_the_table_offline(tmp_path):
-    logger = RunLogger(tmp_path, "wandb", "offline", "tracerl-test", "metrics", {})
+    logger = RunLogger(tmp_path, "offline", "tracerl-test", "metrics", {})
     logger.traces(3, [TRACE], decode)
     logger.close()
     [table] = tmp_path.glob("wandb/offline-run-*/files/media/table/rollout/traces_*.table.json")
     assert json.loads(table.read_text())["columns"][-1] == "view"
+
+
+def reward_trace(reward):
+    return Trace("t", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=reward)
+
+
+def test_paired_comparison_counts_and_sign_test():
+    before = [reward_trace(r) for r in (0, 0, 0, 0, 0, 0, 1, 1)]
+    after = [reward_trace(r) for r in (1, 1, 1, 1, 1, 0, 1, 0)]
+    got = paired_comparison(before, after)
+    assert got["better"] == 5 and got["worse"] == 1
+    # two-sided sign test, 6 untied pairs, 1 the minority: 2 * (C(6,0) + C(6,1)) / 2^6
+    assert got["sign_test_p"] == pytest.approx(2 * 7 / 64)
+    assert paired_comparison(before, before) == {"better": 0, "worse": 0, "sign_test_p": 1.0}
+    even = paired_comparison([reward_trace(0), reward_trace(1)], [reward_trace(1), reward_trace(0)])
+    assert even["sign_test_p"] == 1.0
+
+
+def test_advantage_and_train_metrics_are_named_and_averaged():
+    m = advantage_metrics([reward_trace(1.0), reward_trace(0.0)], [[0.5], [-0.5]])
+    assert m == {"rollout/adv_mean": 0.0, "rollout/adv_std": 0.5, "rollout/adv_min": -0.5, "rollout/adv_max": 0.5,
+                 "rollout/adv_count": 2.0, "rollout/adv_frac_zero": 0.0}
+    stats = {"loss": 0.3, "grad_norm": 2.0, "lr": 1e-5, "tokens": 4.0, "clip_frac": 1.0, "ratio": 4.4,
+             "ratio_max": 1.3, "mismatch_kl": 0.02, "kl_ref": 0.0, "entropy": 8.0}
+    t = train_metrics(stats, {"merge_saving": 0.25, "padding_fraction": 0.1, "rows": 3.0})
+    # sums over trained tokens become per-token means; maxima and counts stay as they are
+    assert t["train/clip_frac"] == 0.25 and t["train/ratio_mean"] == pytest.approx(1.1)
+    assert t["train/entropy"] == 2.0 and t["train/ratio_max"] == 1.3 and t["train/trained_tokens"] == 4.0
+    assert t["train/merge_saving"] == 0.25 and t["train/rows"] == 3.0

@@ -1,0 +1,35 @@
+"""Statistics of a batch of traces, under their final metric names (`<prefix>/reward`, ...).
+
+One function for every consumer: the training loop logs `rollout/*` for each
+step's traces and `eval/*` for held-out runs; scripts/generate.py prints the
+same numbers for the traces it wrote.
+"""
+
+from __future__ import annotations
+
+from rollout.trace import Trace
+
+
+def agent_means(traces: list[Trace]) -> dict[str, float]:
+    """Mean per-agent reward of each role, over the traces that have per-agent rewards."""
+    by_agent: dict[str, list[float]] = {}
+    for t in traces:
+        for role, r in (t.agent_rewards or {}).items():
+            by_agent.setdefault(role, []).append(r)
+    return {role: sum(v) / len(v) for role, v in sorted(by_agent.items())}
+
+
+def trace_metrics(traces: list[Trace], prefix: str) -> dict[str, float]:
+    """`<prefix>/reward` (mean), `success` (share with reward >= 1), `failed` and `truncated`
+    (counts), `sequences_per_trace`, `agents_per_trace`, `generated_tokens` (sum), and
+    `<prefix>/reward/<role>` for harnesses with per-agent rewards. Means are 0.0 for no traces."""
+    n = max(len(traces), 1)
+    m = {f"{prefix}/reward": sum(t.reward for t in traces) / n,
+         f"{prefix}/success": sum(t.reward >= 1.0 for t in traces) / n,
+         f"{prefix}/failed": float(sum(t.status == "failed" for t in traces)),
+         f"{prefix}/truncated": float(sum(t.status == "truncated" for t in traces)),
+         f"{prefix}/sequences_per_trace": sum(len(t.sequences) for t in traces) / n,
+         f"{prefix}/agents_per_trace": sum(len(t.agents) for t in traces) / n,
+         f"{prefix}/generated_tokens": float(sum(t.num_generated_tokens for t in traces))}
+    m.update({f"{prefix}/reward/{role}": r for role, r in agent_means(traces).items()})
+    return m

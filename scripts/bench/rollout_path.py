@@ -1,0 +1,120 @@
+"""Benchmark: generated tokens/s through the full rollout path vs vLLM's own generate.
+
+    python scripts/bench/rollout_path.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64]
+
+Same prompts (single_turn on chain_sum, chat-templated), same engine args and
+sampling, one run, one after the other:
+  vllm:  vLLM's AsyncLLM.generate in this process, all prompts submitted at once.
+  path:  the RolloutFleet training uses: RolloutWorker -> Agent client -> Router ->
+         Engine actor (Ray), the single_turn harness, traces streamed to the TraceBuffer.
+Each side is warmed up, then timed `--rounds` times; the best round counts.
+The last output line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import time
+import uuid
+
+import ray
+
+from rollout.client import ChatFormat
+from rollout.cluster import start_ray
+from rollout.config import EngineConfig, GenerateJobConfig, SamplingConfig
+from rollout.engine import engine_args, sampling_params
+from rollout.fleet import RolloutFleet
+from rollout.models import resolve_model
+from rollout.worker import make_task_source
+from trainer.config import compose
+
+
+def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,
+               engine: EngineConfig, rounds: int) -> list[dict]:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    llm = AsyncLLM.from_engine_args(engine_args(model_path, engine))
+    params = sampling_params(sampling)
+
+    async def one(ids: list[int]) -> int:
+        final = None
+        async for out in llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+            final = out
+        return sum(len(o.token_ids) for o in final.outputs)
+
+    async def timed(batch):
+        t0 = time.perf_counter()
+        tokens = sum(await asyncio.gather(*map(one, batch)))
+        return {"tokens": tokens, "seconds": time.perf_counter() - t0}
+
+    async def rounds_of_all():
+        await timed(prompts[:4])  # warm-up
+        return [await timed(prompts) for _ in range(rounds)]
+
+    try:
+        return asyncio.run(rounds_of_all())
+    finally:
+        llm.shutdown()
+        llm = None  # let __del__ run now, not at interpreter exit where it raises
+        gc.collect()
+
+
+def bench_path(cfg: GenerateJobConfig, n: int, rounds: int) -> list[dict]:
+    start_ray(cfg.ray)
+
+    def timed(fleet: RolloutFleet, k: int) -> dict:
+        t0 = time.perf_counter()
+        fleet.submit(list(range(k)))
+        traces = [t for g in fleet.take(k, timeout_s=600) for t in g]
+        seconds = time.perf_counter() - t0
+        assert all(t.status != "failed" for t in traces), [t.error for t in traces]
+        return {"tokens": sum(t.num_generated_tokens for t in traces), "seconds": seconds}
+
+    with RolloutFleet(cfg) as fleet:
+        timed(fleet, 4)  # warm-up
+        results = [timed(fleet, n) for _ in range(rounds)]
+    ray.shutdown()
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2_135m")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    # ignore_eos: every completion is max_tokens long on both sides, so tok/s compare like for like.
+    cfg = compose("generate", [f"model={args.model}", "harness=single_turn", "task=chain_sum",
+                               f"sampling.max_tokens={args.max_tokens}", f"sampling.temperature={args.temperature}",
+                               "sampling.ignore_eos=true", f"engine.max_num_seqs={max(args.prompts, 8)}",
+                               f"rollout.concurrency={args.prompts}", "rollout.group_size=1", "ray.num_cpus=4"])
+    model_path = resolve_model(cfg.model.name, cfg.model.path)
+    fmt = ChatFormat.from_pretrained(model_path)
+    tasks = make_task_source(cfg.task, cfg.seed)
+    prompts = [fmt.render([{"role": "user", "content": tasks.train_task(i).prompt}])
+               for i in range(args.prompts)]
+
+    vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
+    path_rounds = bench_path(cfg, args.prompts, args.rounds)
+
+    def best(rounds):
+        return max(r["tokens"] / r["seconds"] for r in rounds)
+
+    vllm_tps, path_tps = best(vllm_rounds), best(path_rounds)
+    print(f"vLLM generate:    {vllm_tps:8.1f} generated tok/s  rounds={vllm_rounds}")
+    print(f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={path_rounds}")
+    print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}")
+    print(json.dumps({"bench": "rollout_path", "model": args.model, "prompts": args.prompts,
+                      "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
+                      "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
+                      "vllm_rounds": vllm_rounds, "path_rounds": path_rounds}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""RolloutFleet on the real stack (tiny model, its own vLLM engine, two rollout workers): what
+`take` and `evaluate` return, and that every wait ends with a named error.
+
+The fleet runs tests/rollout/flaky_harnesses.py's `flaky`: one model call, then it raises on
+task 1, hangs on task 2 (until rollout.timeout_s) and behaves on tasks 0 and 5-7.
+"""
+
+import time
+
+import pytest
+import ray
+
+from rollout.config import SamplingConfig
+from rollout.fleet import RolloutFleet
+from trainer.config import compose
+
+pytestmark = pytest.mark.slow  # a fleet starts its own engine (~30 s)
+
+FLEET = ["model=tiny", "engine.kv_cache_gb=0.25", "engine.num_cpus=0.5", "sampling.max_tokens=8",
+         "rollout.num_workers=2", "rollout.group_size=2"]
+FLAKY = ["harness._target_=tests.rollout.flaky_harnesses.flaky", "harness.name=flaky", "rollout.timeout_s=5"]
+
+
+@pytest.fixture(scope="module")
+def fleet(ray_cluster):
+    with RolloutFleet(compose("generate", [*FLEET, *FLAKY])) as f:
+        yield f
+
+
+def test_take_returns_complete_groups_of_the_submitted_tasks(fleet):
+    fleet.submit([0, 1, 5])
+    groups = fleet.take(3, timeout_s=120)
+    assert sorted(g[0].info["task"] for g in groups) == ["chain_sum/train/0", "chain_sum/train/1",
+                                                        "chain_sum/train/5"]
+    for g in groups:
+        assert len(g) == 2 and len({t.group for t in g}) == 1 and len({t.id for t in g}) == 2
+    assert {t.info["worker"] for g in groups for t in g} == {0, 1}, "tasks are spread over both workers"
+    assert [t.status for g in groups for t in g if t.info["task"].endswith("/1")] == ["failed", "failed"]
+
+
+def test_evaluate_returns_held_out_traces_in_task_order(fleet):
+    sampling = SamplingConfig(temperature=0.0, max_tokens=8)
+    traces = fleet.evaluate(4, sampling, timeout_s=120)
+    assert [t.info["task"] for t in traces] == [f"chain_sum/eval/{i}" for i in range(4)]
+    assert [t.status == "failed" for t in traces] == [False, True, True, True], "1 raises, 2 hangs, 3 is NaN"
+    again = fleet.evaluate(4, sampling, timeout_s=120)
+    assert again[0].sequences[0].completion_ids == traces[0].sequences[0].completion_ids, \
+        "greedy eval of the same weights is reproducible"
+    with pytest.raises(TimeoutError, match="evaluation of 4 held-out tasks took longer than eval.timeout_s=1.0"):
+        fleet.evaluate(4, sampling, timeout_s=1.0)  # task 2 hangs for rollout.timeout_s=5
+
+
+def test_take_of_more_than_was_submitted_fails_at_once(fleet):
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="every submitted episode finished with 0/1 complete groups"):
+        fleet.take(1, timeout_s=600)  # nothing submitted
+    fleet.submit([7])
+    with pytest.raises(RuntimeError, match="every submitted episode finished with 1/2 complete groups"):
+        fleet.take(2, timeout_s=600)
+    assert time.monotonic() - t0 < 60, "no wait for the deadline when nothing more can come"
+
+
+def test_a_hung_rollout_times_out_and_a_dead_worker_surfaces(fleet):
+    """Last in this module: it kills one of the shared fleet's workers."""
+    fleet.submit([2, 2])  # both workers run a group that hangs for rollout.timeout_s=5
+    with pytest.raises(TimeoutError, match=r"waited rollout_timeout_s=1.0 with 0/1 complete groups"):
+        fleet.take(1, timeout_s=1.0)
+    ray.kill(fleet.workers[1])
+    with pytest.raises(RuntimeError, match="rollout worker 1 failed"):
+        fleet.take(2, timeout_s=120)
+
+
+def test_a_failed_start_kills_what_it_made(ray_cluster):
+    def free_cpus() -> float:
+        return ray.available_resources().get("CPU", 0.0)
+
+    before = free_cpus()
+    with pytest.raises(ray.exceptions.RayActorError, match="harness._target_='harnesses.nope.run' cannot be imported"):
+        RolloutFleet(compose("generate", [*FLEET, "harness._target_=harnesses.nope.run"]))
+    # its engine (engine.num_cpus=0.5) was up before the workers failed: it must be gone again
+    deadline = time.monotonic() + 30
+    while free_cpus() < before and time.monotonic() < deadline:
+        time.sleep(0.5)  # ray.kill is asynchronous: the resources come back shortly after
+    assert free_cpus() == before

@@ -15,6 +15,7 @@ setup:
 test: setup
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)
 
+# Everything but the end-to-end runs (marked slow): under 3 minutes on 2 cores.
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow" $(PYTEST_ARGS)
 
@@ -27,7 +28,7 @@ smoke: setup
 	$(PY) scripts/train.py experiment=smoke run_dir=runs/smoke $(ARGS)
 
 bench: setup
-	$(PY) scripts/bench/rollout.py
+	$(PY) scripts/bench/rollout_path.py
 	$(PY) scripts/bench/learner.py
 	$(PY) scripts/bench/e2e.py
 

@@ -1,12 +1,15 @@
-"""Shared fixtures: one tiny model, one in-process Ray, one engine per test session.
+"""Shared fixtures and helpers: one tiny model, one in-process Ray, one engine per test session.
 
 Everything here is real: vLLM's CPU build in an Engine actor, an in-process
 Ray cluster, the locally built tiny model with its real tokenizer and chat
-template. They are slow to start, so they are shared.
+template. They are slow to start, so they are shared. Helpers that several
+test modules use live here too (`from tests.conftest import ...`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -19,6 +22,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.g
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+PROMPT = "What is 3 + 4? Give the final answer as <answer>NUMBER</answer>."
+# Easy reasoning-gym chain_sum, as in conf/task/chain_sum.yaml.
+EASY_CHAIN_SUM = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
+
+
+# ---- fixtures: the shared real components ---------------------------------------------
 
 @pytest.fixture(scope="session")
 def tiny_path() -> str:
@@ -56,13 +65,14 @@ def engine_cfg():
 
 @pytest.fixture(scope="session")
 def engine(ray_cluster, tiny_path, engine_cfg):
-    """One Engine actor serving the tiny model (policy "main")."""
+    """One Engine actor serving the tiny model (policy "main"); tests that change its weights
+    put the original ones back."""
     import ray
 
     from rollout.cluster import spawn_engines
     from rollout.config import ModelConfig
 
-    [e] = spawn_engines(tiny_path, ModelConfig(name="tiny"), engine_cfg, "main")
+    [e] = spawn_engines(tiny_path, ModelConfig(name="tiny"), engine_cfg, ["main"])["main"]
     yield e
     ray.get(e.shutdown.remote())
     ray.kill(e)
@@ -81,3 +91,102 @@ def hf_tiny(tiny_path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def fixed_batch(hf_tiny, tiny_tokenizer):
+    """Packed micro-batches of 6 single-turn traces with engine-like behaviour log-probs from the
+    model, advantages +1 / -1; uneven over 2 ranks (one gets a padding micro-batch)."""
+    from rollout.client import ChatFormat
+    from rollout.trace import Sequence, Trace
+    from trainer.packing import build_rows, pack, token_weights
+
+    fmt = ChatFormat(tiny_tokenizer)
+    traces = []
+    for i in range(6):
+        prompt = fmt.render([{"role": "user", "content": f"What is {i} + {i + 1}?"}])
+        completion = fmt.encode(f"The answer is {2 * i + 1}.")
+        lps = hf_logprobs(hf_tiny, prompt, completion).tolist()
+        traces.append(Trace(f"t{i}", f"g{i // 2}", [Sequence(prompt, completion, lps, "solver", "main", 0)],
+                            reward=float(i % 2)))
+    advs = [[1.0 if i % 2 else -1.0] for i in range(6)]
+    batches = pack(build_rows(traces, advs, token_weights(traces, "token")), token_budget=64)
+    assert len(batches) >= 3
+    return batches
+
+
+@pytest.fixture(scope="session")
+def run_harness(engine, tiny_tokenizer):
+    """`run_harness(target, roles, task_index=0, frozen=(), max_tokens=16, **options)` runs a
+    harness once on a chain_sum task (2-3 terms) against the shared engine; roles in `frozen` are
+    served by the same engine under the `frozen` policy (recorded untrainable). Returns
+    (task, sequences, HarnessResult)."""
+    from harnesses.base import as_result, load_harness
+    from harnesses.reasoning_gym_tasks import ReasoningGymTasks
+    from rollout.client import Agent, ChatFormat, TraceRecorder
+    from rollout.config import SamplingConfig
+    from rollout.router import Router
+
+    def run(target, roles, task_index=0, frozen=(), max_tokens=16, **options):
+        task = ReasoningGymTasks("chain_sum", {"min_terms": 2, "max_terms": 3}).train_task(task_index)
+        rec = TraceRecorder(f"t{task_index}")
+        fmt = ChatFormat(tiny_tokenizer)
+        agents = {r: Agent(r, "frozen" if r in frozen else "main", Router([engine]), fmt, rec,
+                           SamplingConfig(max_tokens=max_tokens), seed=7) for r in roles}
+        result = as_result(asyncio.run(load_harness(target)(task, agents, **options)))
+        return task, rec.sequences, result
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_worker(engine, tiny_path):
+    """`run_worker(harness, agents, n_tasks, group_size=2, timeout_s=20, max_tokens=16)`: one
+    RolloutWorker actor over the shared engine (every policy served by it) runs one group per
+    task index 0..n_tasks-1 of easy chain_sum into a fresh TraceBuffer. Returns (worker stats,
+    complete groups, buffer stats)."""
+    import ray
+
+    from rollout.cluster import spawn_buffer, spawn_workers
+    from rollout.config import GenerateJobConfig, RolloutConfig, SamplingConfig, TaskConfig
+
+    def run(harness, agents, n_tasks, group_size=2, timeout_s=20.0, max_tokens=16):
+        policies = set(agents.values())
+        cfg = GenerateJobConfig(harness=harness, agents=agents, task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
+                                rollout=RolloutConfig(concurrency=8, group_size=group_size, timeout_s=timeout_s),
+                                sampling=SamplingConfig(max_tokens=max_tokens))
+        buffer = spawn_buffer(group_size, {p: 512 for p in policies})
+        [worker] = spawn_workers(cfg, {p: [engine] for p in policies}, {p: tiny_path for p in policies}, buffer)
+        try:
+            stats = ray.get(worker.run.remote(list(range(n_tasks))), timeout=300)
+            groups = ray.get(buffer.get.remote(n_tasks, timeout_s=5), timeout=60)
+            return stats, groups, ray.get(buffer.stats.remote(), timeout=60)
+        finally:
+            ray.kill(worker)
+            ray.kill(buffer)
+
+    return run
+
+
+# ---- helpers ----------------------------------------------------------------------------
+
+def chat_prompt(tok, text: str = PROMPT) -> list[int]:
+    """Token ids of one user turn plus the assistant header, through the tokenizer's chat template."""
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True), add_special_tokens=False)
+
+
+def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: float = 1.0):
+    """log pi(completion | prompt) per completion token from an HF fp32 forward, as a tensor."""
+    import torch
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0].float() / temperature, dim=-1)  # (tokens, vocab)
+    pos = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+    return logp[pos, torch.tensor(completion)]
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """The rows of a run's metrics.jsonl."""
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]

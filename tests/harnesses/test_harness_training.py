@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from rollout.trace import Trace
-from tests.harnesses.test_harnesses import run
 from trainer.advantages import AdvantageConfig, compute_advantages
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import build_rows, pack, token_weights
@@ -24,8 +23,8 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def test_compaction_trace_trains_across_the_boundary(engine, tiny_tokenizer, hf_tiny):
-    _, seqs, result = run(engine, tiny_tokenizer, "harnesses.compaction.compaction", ["solver"],
+def test_compaction_trace_trains_across_the_boundary(run_harness, hf_tiny):
+    _, seqs, result = run_harness("harnesses.compaction.compaction", ["solver"],
                           budget_tokens=400, max_steps=8, reply_tokens=16)
     assert result.info["compactions"] >= 1
     trace = Trace("c", "g", seqs, reward=1.0)
@@ -47,8 +46,8 @@ def test_compaction_trace_trains_across_the_boundary(engine, tiny_tokenizer, hf_
     assert rel(sum(parts), full) < 1e-5
 
 
-def test_debate_frozen_judge_gets_no_gradient_and_debaters_their_own_reward(engine, tiny_tokenizer, hf_tiny):
-    runs = [run(engine, tiny_tokenizer, "harnesses.debate.debate", ["debater_a", "debater_b", "judge"],
+def test_debate_frozen_judge_gets_no_gradient_and_debaters_their_own_reward(run_harness, hf_tiny):
+    runs = [run_harness("harnesses.debate.debate", ["debater_a", "debater_b", "judge"],
                 task_index=k, frozen={"judge"}, debaters=2, rounds=2)[1] for k in range(2)]
     judge = len(runs[0]) - 1
     assert all(s[judge].agent == "judge" and not s[judge].trainable for s in runs)

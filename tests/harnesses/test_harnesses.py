@@ -1,28 +1,10 @@
 """Each shipped harness against the real engine (tiny model): the trace shape its docstring claims."""
 
-import asyncio
-
 import pytest
 
 from harnesses.base import HarnessResult, as_result, load_harness
-from harnesses.tasks import ReasoningGymTasks
-from rollout.client import Agent, ChatFormat, TraceRecorder
-from rollout.config import SamplingConfig
-from rollout.router import Router
 from rollout.trace import Trace
 from trainer.packing import build_rows, token_weights
-
-
-def run(engine, tok, target, roles, task_index=0, frozen=(), max_tokens=16, **options):
-    """Run a harness once on a chain_sum task; roles in `frozen` are served by the same engine
-    under the `frozen` policy (recorded untrainable)."""
-    task = ReasoningGymTasks("chain_sum", {"min_terms": 2, "max_terms": 3}).train_task(task_index)
-    rec = TraceRecorder(f"t{task_index}")
-    fmt = ChatFormat(tok)
-    agents = {r: Agent(r, "frozen" if r in frozen else "main", Router([engine]), fmt, rec,
-                       SamplingConfig(max_tokens=max_tokens), seed=7) for r in roles}
-    result = as_result(asyncio.run(load_harness(target)(task, agents, **options)))
-    return task, rec.sequences, result
 
 
 def text(tok, ids):
@@ -42,15 +24,15 @@ def merged_rows(seqs, reward=1.0):
     return [r.sequences for r in build_rows([trace], [[1.0] * len(seqs)], weights)]
 
 
-def test_single_turn_shape(engine, tiny_tokenizer):
-    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.single_turn.single_turn", ["solver"])
+def test_single_turn_shape(run_harness, tiny_tokenizer):
+    task, seqs, result = run_harness("harnesses.single_turn.single_turn", ["solver"])
     assert len(seqs) == 1 and seqs[0].agent == "solver"
     assert task.question in tiny_tokenizer.decode(seqs[0].prompt_ids)
     assert result.reward == task.score(tiny_tokenizer.decode(seqs[0].completion_ids, skip_special_tokens=True))
 
 
-def test_solver_verifier_shape(engine, tiny_tokenizer):
-    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.solver_verifier.solver_verifier",
+def test_solver_verifier_shape(run_harness, tiny_tokenizer):
+    task, seqs, result = run_harness("harnesses.solver_verifier.solver_verifier",
                              ["solver", "verifier"])
     assert [s.agent for s in seqs] == ["solver", "verifier", "solver"]
     assert [s.parent for s in seqs] == [None, None, 0]
@@ -80,8 +62,8 @@ def test_as_result_rejects_bad_values():
         load_harness("harnesses.nope.missing")
 
 
-def test_solver_verifier_corrector_shape(engine, tiny_tokenizer):
-    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.solver_verifier_corrector.solver_verifier_corrector",
+def test_solver_verifier_corrector_shape(run_harness, tiny_tokenizer):
+    task, seqs, result = run_harness("harnesses.solver_verifier_corrector.solver_verifier_corrector",
                              ["solver", "verifier", "corrector"], rounds=3)
     verdicts = result.info["accepted"]
     assert 1 <= result.info["rounds"] == len(verdicts) <= 3
@@ -108,8 +90,8 @@ def test_verdict_parsing():
     assert not accepted("I accept nothing") and not accepted("ACCEPT or REJECT?")
 
 
-def test_debate_shape_with_frozen_judge(engine, tiny_tokenizer):
-    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.debate.debate",
+def test_debate_shape_with_frozen_judge(run_harness, tiny_tokenizer):
+    task, seqs, result = run_harness("harnesses.debate.debate",
                              ["debater_a", "debater_b", "judge"], frozen={"judge"},
                              debaters=2, rounds=2, per_debater_rewards=True)
     assert [s.agent for s in seqs][-1] == "judge" and len(seqs) == 2 * 2 + 1
@@ -132,8 +114,8 @@ def test_debate_shape_with_frozen_judge(engine, tiny_tokenizer):
         "one row per debater; the frozen judge makes none"
 
 
-def test_orchestrator_shape(engine, tiny_tokenizer):
-    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.orchestrator.orchestrator",
+def test_orchestrator_shape(run_harness, tiny_tokenizer):
+    task, seqs, result = run_harness("harnesses.orchestrator.orchestrator",
                              ["orchestrator", "subagent"], max_subagents=3)
     k = result.info["subagents"]
     assert 1 <= k <= 3
@@ -155,8 +137,8 @@ def test_orchestrator_plan_parsing():
     assert subtasks("no list here", 3) == []
 
 
-def test_compaction_shape(engine, tiny_tokenizer):
-    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.compaction.compaction", ["solver"],
+def test_compaction_shape(run_harness, tiny_tokenizer):
+    task, seqs, result = run_harness("harnesses.compaction.compaction", ["solver"],
                              budget_tokens=400, max_steps=8, reply_tokens=16)
     c = result.info["compactions"]
     assert c >= 1, "a 400-token budget with 8 steps of 16 tokens must compact"
@@ -176,8 +158,8 @@ def test_compaction_shape(engine, tiny_tokenizer):
     assert merged_rows(seqs) == segments, "one row per segment; never merged across a compaction"
 
 
-def test_selfplay_shape(engine, tiny_tokenizer):
-    task, seqs, result = run(engine, tiny_tokenizer, "harnesses.selfplay.selfplay", ["player_a", "player_b"])
+def test_selfplay_shape(run_harness, tiny_tokenizer):
+    task, seqs, result = run_harness("harnesses.selfplay.selfplay", ["player_a", "player_b"])
     m = result.info["moves"]
     assert [s.agent for s in seqs] == [("player_a", "player_b")[i % 2] for i in range(m)]
     for i, s in enumerate(seqs):
@@ -199,7 +181,7 @@ def test_selfplay_move_parsing(reply, stones, move):
     assert parse_move(reply, stones) == move
 
 
-def test_readme_harness_example_runs(engine, tiny_tokenizer, tmp_path, monkeypatch):
+def test_readme_harness_example_runs(run_harness, tiny_tokenizer, tmp_path, monkeypatch):
     """The second harness in README.md's "Write a harness" runs as written, per-agent rewards and all."""
     import re
     import sys
@@ -210,7 +192,7 @@ def test_readme_harness_example_runs(engine, tiny_tokenizer, tmp_path, monkeypat
     (tmp_path / "readme_harness.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("readme_harness", None)
-    task, seqs, result = run(engine, tiny_tokenizer, "readme_harness.propose_and_critique", ["proposer", "critic"],
+    task, seqs, result = run_harness("readme_harness.propose_and_critique", ["proposer", "critic"],
                              frozen={"critic"}, rounds=2)
     assert seqs[0].agent == "proposer" and seqs[1].agent == "critic" and not seqs[1].trainable
     assert set(result.agent_rewards) == {"proposer", "critic"}

@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+import ray
 from transformers import AutoTokenizer
 
 from rollout.client import Agent, ChatFormat, TraceRecorder
@@ -58,7 +59,8 @@ def test_every_call_is_recorded_with_role_policy_version(engine, tiny_tokenizer)
     assert isinstance(a, str) and isinstance(b, str)
     assert [(s.agent, s.policy, s.trainable) for s in rec.sequences] == [
         ("solver", "main", True), ("judge", "frozen", False)]
-    assert all(s.version >= 0 and len(s.logprobs) == len(s.completion_ids) for s in rec.sequences)
+    version = ray.get(engine.info.remote())["version"]  # the shared engine's weights: no sync meanwhile
+    assert all(s.version == version and len(s.logprobs) == len(s.completion_ids) for s in rec.sequences)
     assert tiny_tokenizer.decode(rec.sequences[1].prompt_ids).startswith("<|im_start|>system\nYou judge.")
 
 

@@ -1,26 +1,13 @@
 """The Engine actor against an HF fp32 forward of the same weights (real vLLM CPU build)."""
 
+import pytest
 import ray
 import torch
 from safetensors.torch import save
 
 from rollout.cluster import spawn_engines
 from rollout.config import ModelConfig, SamplingConfig
-
-PROMPT = "What is 3 + 4? Give the final answer as <answer>NUMBER</answer>."
-
-
-def prompt_ids(tok, text=PROMPT):
-    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                              add_generation_prompt=True), add_special_tokens=False)
-
-
-def hf_logprobs(model, prompt, completion):
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)  # (tokens, vocab)
-    pos = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
-    return logp[pos, torch.tensor(completion)]
+from tests.conftest import chat_prompt, hf_logprobs
 
 
 def perturbed(model, scale=0.05, seed=0):
@@ -30,7 +17,7 @@ def perturbed(model, scale=0.05, seed=0):
 
 
 def test_sampled_logprobs_match_hf(engine, tiny_tokenizer, hf_tiny):
-    prompt = prompt_ids(tiny_tokenizer)
+    prompt = chat_prompt(tiny_tokenizer)
     comps = ray.get(engine.generate.remote(prompt, SamplingConfig(n=4, max_tokens=24, temperature=1.0)))
     assert len(comps) == 4
     for c in comps:
@@ -43,18 +30,14 @@ def test_sampled_logprobs_match_hf(engine, tiny_tokenizer, hf_tiny):
 
 
 def test_temperature_logprobs_are_of_the_sampled_distribution(engine, tiny_tokenizer, hf_tiny):
-    prompt = prompt_ids(tiny_tokenizer)
+    prompt = chat_prompt(tiny_tokenizer)
     [c] = ray.get(engine.generate.remote(prompt, SamplingConfig(max_tokens=16, temperature=0.5)))
-    ids = torch.tensor([prompt + c.completion_ids])
-    with torch.no_grad():
-        logits = hf_tiny(ids).logits[0].float() / 0.5
-    logp = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1, ids.shape[1] - 1),
-                                         torch.tensor(c.completion_ids)]
+    logp = hf_logprobs(hf_tiny, prompt, c.completion_ids, temperature=0.5)
     assert (logp - torch.tensor(c.logprobs)).abs().max().item() < 1e-3
 
 
 def check_update_weights(engine, model, tok):
-    prompt = prompt_ids(tok)
+    prompt = chat_prompt(tok)
     [c] = ray.get(engine.generate.remote(prompt, SamplingConfig(max_tokens=20)))
     before = torch.tensor(ray.get(engine.score.remote(prompt, c.completion_ids)))
     assert (before - hf_logprobs(model, prompt, c.completion_ids)).abs().max() < 1e-3
@@ -88,13 +71,14 @@ def test_update_weights_in_place(engine, hf_tiny, tiny_tokenizer):
     check_update_weights(engine, hf_tiny, tiny_tokenizer)
 
 
+@pytest.mark.slow  # a second engine
 def test_update_weights_tied_embeddings(ray_cluster, tiny_tied_path, engine_cfg):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_tied_path, dtype=torch.float32).eval()
     assert model.config.tie_word_embeddings
     tok = AutoTokenizer.from_pretrained(tiny_tied_path)
-    [e] = spawn_engines(tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg, "main")
+    [e] = spawn_engines(tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg, ["main"])["main"]
     try:
         check_update_weights(e, model, tok)
     finally:
@@ -103,7 +87,5 @@ def test_update_weights_tied_embeddings(ray_cluster, tiny_tied_path, engine_cfg)
 
 
 def test_prompt_too_long_is_a_clear_error(engine):
-    import pytest
-
     with pytest.raises(ValueError, match="exceeds model.max_model_len"):
         ray.get(engine.generate.remote([5] * 2040, SamplingConfig(max_tokens=64)))

@@ -2,28 +2,13 @@
 
 import ray
 
-from rollout.cluster import spawn_buffer, spawn_workers
-from rollout.config import HarnessConfig, RolloutConfig, SamplingConfig, TaskConfig
-
-TASK = TaskConfig(name="chain_sum", params={"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1})
+from rollout.cluster import spawn_buffer
+from rollout.config import HarnessConfig
 
 
-def run_worker(engine, tiny_path, harness, agents, n_tasks, group_size=2, timeout_s=20.0):
-    policies = set(agents.values())
-    buffer = spawn_buffer("main", group_size, {p: 512 for p in policies})
-    [worker] = spawn_workers(
-        RolloutConfig(concurrency=8, group_size=group_size, timeout_s=timeout_s), harness, TASK,
-        agents, {p: [engine] for p in policies}, {p: tiny_path for p in policies},
-        SamplingConfig(max_tokens=16), buffer)
-    stats = ray.get(worker.run.remote(list(range(n_tasks))), timeout=300)
-    groups = ray.get(buffer.get.remote(n_tasks, timeout_s=5))
-    return stats, groups, ray.get(buffer.stats.remote())
-
-
-def test_failing_and_hanging_harnesses_make_failed_traces(engine, tiny_path):
+def test_failing_and_hanging_harnesses_make_failed_traces(run_worker):
     harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.flaky", name="flaky", roles=["solver"])
-    stats, groups, bstats = run_worker(engine, tiny_path, harness, {"solver": "main"}, n_tasks=6,
-                                       timeout_s=15.0)
+    stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=6, timeout_s=5.0)
     by_task = {g[0].info["task"].rsplit("/", 1)[1]: g for g in groups}
     assert sorted(by_task) == ["0", "1", "2", "3", "4", "5"], "every group completes, failed or not"
     for k, g in by_task.items():
@@ -43,10 +28,10 @@ def test_failing_and_hanging_harnesses_make_failed_traces(engine, tiny_path):
     assert bstats["received"] == 12 and bstats["rejected"] == 0
 
 
-def test_frozen_role_and_agent_rewards(engine, tiny_path):
+def test_frozen_role_and_agent_rewards(run_worker):
     harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.judged", name="judged",
                             roles=["solver", "judge"])
-    _, groups, _ = run_worker(engine, tiny_path, harness, {"solver": "main", "judge": "frozen"}, n_tasks=2)
+    _, groups, _ = run_worker(harness, {"solver": "main", "judge": "frozen"}, n_tasks=2)
     traces = [t for g in groups for t in g]
     assert len(traces) == 4
     for t in traces:
@@ -59,7 +44,7 @@ def test_frozen_role_and_agent_rewards(engine, tiny_path):
 def test_buffer_rejects_malformed_traces_with_reason(ray_cluster):
     from rollout.trace import Sequence, Trace
 
-    buffer = spawn_buffer("main", 2, {"main": 512})
+    buffer = spawn_buffer(2, {"main": 512})
     good = Trace(id="a", group="g", sequences=[Sequence([1, 2], [3], [-0.1], "solver", "main", 0)])
     oov = Trace(id="b", group="g", sequences=[Sequence([1, 2], [3, 9999], [-0.1, -0.2], "solver", "main", 0)])
     bad_dict = {"id": "c", "group": "g", "sequences": [

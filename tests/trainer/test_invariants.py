@@ -1,4 +1,4 @@
-"""DESIGN.md invariants 1 and 2 on the tiny model (real tokenizer and chat template, fp32).
+"""Invariants 1 and 2 of docs/design.md on the tiny model (real tokenizer and chat template, fp32).
 
 1. Merged and unmerged training of the same trace give the same gradient.
 2. The gradient equals sum over trainable generated tokens of w * A * grad log pi;
@@ -11,18 +11,12 @@ import torch
 from rollout.client import ChatFormat
 from rollout.trace import Sequence, Trace
 from trainer.losses import LossConfig, microbatch_loss
-from trainer.packing import NORMALIZATIONS, build_rows, pack, packing_stats, token_weights
-
-
-def hf_logprobs(model, prompt, completion):
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0].float(), -1)
-    return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion)]
+from tests.conftest import hf_logprobs
+from trainer.packing import Normalization, build_rows, pack, packing_stats, token_weights
 
 
 def seq(model, prompt, completion, agent="solver", policy="main", trainable=True, parent=None):
-    return Sequence(prompt, completion, hf_logprobs(model, prompt, completion), agent, policy, 0,
+    return Sequence(prompt, completion, hf_logprobs(model, prompt, completion).tolist(), agent, policy, 0,
                     trainable=trainable, parent=parent)
 
 
@@ -85,7 +79,7 @@ def test_rows_merge_exact_prefix_chains_only(traces):
     assert len(unmerged) == 6 and packing_stats(unmerged, pack(unmerged, 4096))["merge_saving"] == 0.0
 
 
-@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("normalization", list(Normalization))
 def test_invariant1_merged_equals_unmerged_gradient(hf_tiny, traces, normalization):
     merged, rows_m = grad_of(hf_tiny, traces, normalization, merge=True)
     unmerged, rows_u = grad_of(hf_tiny, traces, normalization, merge=False, budget=64)
@@ -95,7 +89,7 @@ def test_invariant1_merged_equals_unmerged_gradient(hf_tiny, traces, normalizati
     assert rel < 1e-5, rel
 
 
-@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("normalization", list(Normalization))
 def test_invariant2_gradient_is_sum_over_trainable_generated_tokens(hf_tiny, traces, normalization):
     got, _ = grad_of(hf_tiny, traces, normalization, merge=True)
     # independent: sum_t w A grad log pi(y_t) over exactly the trainable completion tokens

@@ -5,34 +5,12 @@ import pytest
 import ray
 import torch
 
-from rollout.trace import Sequence, Trace
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig, microbatch_loss
-from trainer.packing import build_rows, pack, token_weights
 
 
-def fixed_batch(hf_tiny, tiny_tokenizer, n=6):
-    """A fixed batch of single-turn traces with engine-like behaviour log-probs from the model."""
-    from rollout.client import ChatFormat
-
-    fmt = ChatFormat(tiny_tokenizer)
-    traces = []
-    for i in range(n):
-        prompt = fmt.render([{"role": "user", "content": f"What is {i} + {i + 1}?"}])
-        completion = fmt.encode(f"The answer is {2 * i + 1}.")
-        ids = torch.tensor([prompt + completion])
-        with torch.no_grad():
-            logp = torch.log_softmax(hf_tiny(ids).logits[0], -1)
-        lps = [logp[len(prompt) - 1 + k, t].item() for k, t in enumerate(completion)]
-        traces.append(Trace(f"t{i}", f"g{i // 2}", [Sequence(prompt, completion, lps, "solver", "main", 0)],
-                            reward=float(i % 2)))
-    advs = [[1.0 if i % 2 else -1.0] for i in range(n)]
-    rows = build_rows(traces, advs, token_weights(traces, "token"))
-    return pack(rows, token_budget=64)
-
-
-@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+@pytest.fixture(scope="module", params=[2, pytest.param(3, marks=pytest.mark.slow)], ids=["zero2", "zero3"])
 def group(request, ray_cluster, tiny_path):
     cfg = LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=request.param, lr=1e-4, grad_clip=0.0)
     g = LearnerGroup(tiny_path, cfg, LossConfig())
@@ -40,10 +18,8 @@ def group(request, ray_cluster, tiny_path):
     g.shutdown()
 
 
-def test_ranks_stay_identical_and_loss_goes_down(group, hf_tiny, tiny_tokenizer):
-    batches = fixed_batch(hf_tiny, tiny_tokenizer)
-    assert len(batches) >= 3  # uneven over 2 ranks: one rank gets a padding micro-batch
-    losses = [group.train_step(batches)["loss"] for _ in range(4)]
+def test_ranks_stay_identical_and_loss_goes_down(group, fixed_batch):
+    losses = [group.train_step(fixed_batch)["loss"] for _ in range(4)]
     assert losses[-1] < losses[0], losses
     a, b = group.param_digests()
     assert a == b
@@ -66,7 +42,8 @@ def test_export_equals_consolidated_state(group, tmp_path):
         assert torch.equal(t, consolidated[name].float()), name
 
 
-def test_save_load_step_matches_uninterrupted(ray_cluster, tiny_path, hf_tiny, tiny_tokenizer, tmp_path):
+@pytest.mark.slow  # two learner groups
+def test_save_load_step_matches_uninterrupted(ray_cluster, tiny_path, fixed_batch, tmp_path):
     from safetensors.torch import load
 
     def weights(g):
@@ -75,7 +52,7 @@ def test_save_load_step_matches_uninterrupted(ray_cluster, tiny_path, hf_tiny, t
             out.update(load(b))
         return out
 
-    batches = fixed_batch(hf_tiny, tiny_tokenizer)
+    batches = fixed_batch
     cfg = LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, lr=1e-3, warmup_steps=3)
     a = LearnerGroup(tiny_path, cfg, LossConfig())
     try:
@@ -99,13 +76,14 @@ def test_save_load_step_matches_uninterrupted(ray_cluster, tiny_path, hf_tiny, t
         assert torch.equal(t, resumed[name]), name
 
 
-def test_one_step_equals_single_process_sgd(ray_cluster, tiny_path, hf_tiny, tiny_tokenizer):
+@pytest.mark.slow
+def test_one_step_equals_single_process_sgd(ray_cluster, tiny_path, fixed_batch):
     """2 ranks x ZeRO-2, SGD: the update is lr x (sum of all micro-batch gradients), exactly
     what one process computes on the whole batch: no averaging over ranks or micro-batches."""
     from safetensors.torch import load
     from transformers import AutoModelForCausalLM
 
-    batches = fixed_batch(hf_tiny, tiny_tokenizer)
+    batches = fixed_batch
     cfg = LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, optimizer="sgd", lr=0.5, grad_clip=0.0)
     g = LearnerGroup(tiny_path, cfg, LossConfig())
     try:
@@ -128,10 +106,11 @@ def test_one_step_equals_single_process_sgd(ray_cluster, tiny_path, hf_tiny, tin
     assert delta < 1e-6 * max(1.0, moved) * 100, (delta, moved)
 
 
-def test_bf16_zero2_trains_and_ranks_agree(ray_cluster, tiny_path, hf_tiny, tiny_tokenizer):
-    batches = fixed_batch(hf_tiny, tiny_tokenizer)
-    g = LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, dtype="bfloat16",
-                                              lr=1e-4), LossConfig())
+@pytest.mark.slow
+def test_bf16_zero2_trains_and_ranks_agree(ray_cluster, tiny_path, fixed_batch):
+    batches = fixed_batch
+    g = LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, lr=1e-4), LossConfig(),
+                     dtype="bfloat16")
     try:
         first = g.train_step(batches)
         for _ in range(3):

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollout.config import SamplingConfig
-from tests.trainer.test_learner import fixed_batch
+from tests.conftest import chat_prompt, hf_logprobs
 from trainer import checkpoint
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
@@ -13,10 +13,9 @@ from trainer.losses import LossConfig
 from trainer.weight_sync import ObjectStoreSync
 
 
-def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny, tiny_tokenizer, tmp_path):
-    from tests.rollout.test_engine import prompt_ids
-
-    prompt = prompt_ids(tiny_tokenizer)
+def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny, tiny_tokenizer, fixed_batch,
+                                                      tmp_path):
+    prompt = chat_prompt(tiny_tokenizer)
     [c] = ray.get(engine.generate.remote(prompt, SamplingConfig(max_tokens=16)))
     ids = prompt + c.completion_ids
     before = torch.tensor(ray.get(engine.score.remote(prompt, c.completion_ids)))
@@ -25,9 +24,8 @@ def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny
                             LossConfig())
     try:
         assert (torch.tensor(learners.logprobs(ids, len(prompt))) - before).abs().max() < 1e-3
-        batches = fixed_batch(hf_tiny, tiny_tokenizer)
         for _ in range(3):
-            learners.train_step(batches)
+            learners.train_step(fixed_batch)
         learner_lp = torch.tensor(learners.logprobs(ids, len(prompt)))
         assert (learner_lp - before).abs().max() > 0.01, "training must change the log-probs"
 
@@ -43,9 +41,7 @@ def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny
         # the HF export loads in transformers and gives the learner's log-probs
         d = checkpoint.save_hf(learners, tiny_path, tmp_path / "hf")
         model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
-        with torch.no_grad():
-            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)
-        hf_lp = logp[torch.arange(len(prompt) - 1, len(ids) - 1), torch.tensor(c.completion_ids)]
+        hf_lp = hf_logprobs(model, prompt, c.completion_ids)
         assert (hf_lp - learner_lp).abs().max() < 1e-4
     finally:
         learners.shutdown()

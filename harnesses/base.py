@@ -18,8 +18,10 @@ Harnesses and tasks import no Ray, torch or vLLM.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
+import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -41,14 +43,31 @@ class Task(Protocol):
         ...
 
 
-class TaskSource(ABC):
-    """Deterministic training tasks by index, and a fixed held-out set.
+def normalize_question(text: str) -> str:
+    """The form two questions are compared in: case and white space do not count."""
+    return " ".join(text.lower().split())
 
-    Training task `i` depends only on the constructor arguments and `i` (so a
-    resumed or restarted run sees the same tasks); `eval_tasks()` is the same
-    list every time. `instruction` is appended to each question; None picks the
-    source's default.
+
+class TaskSource(ABC):
+    """Deterministic training tasks by index, and a fixed held-out set, disjoint by content.
+
+    Subclasses say how to `draw` raw item j of the training stream (from `seed`)
+    or of the held-out stream (from `eval_seed`). From those, this class builds:
+
+    * `eval_tasks()`: the first `eval_size` held-out draws with distinct questions
+      (normalised text); if `eval_draws_per_item * eval_size` draws do not hold that
+      many, the question space is too small and it says so.
+    * `train_task(i)`: raw training item `i % size`, unless its question is in the
+      held-out set: then the next candidate at a fixed stride, so no question the
+      model is evaluated on is ever trained on, and the task still depends only on
+      the constructor arguments and `i` (a resumed run sees the same tasks).
+
+    `instruction` is appended to each question; None picks the source's default.
     """
+
+    eval_draws_per_item = 50  # held-out draws allowed per requested distinct question
+    train_probes = 1000  # candidates tried for one training index before giving up
+    _PROBE_STRIDE = 104729  # a prime: the candidates of index i are i + k * stride (mod size)
 
     def __init__(self, name: str, params: dict | None = None, instruction: str | None = None,
                  size: int = 100000, eval_size: int = 64, eval_seed: int = 1000003, seed: int = 0):
@@ -63,22 +82,64 @@ class TaskSource(ABC):
         self.eval_size = eval_size
         self.eval_seed = eval_seed
         self.seed = seed
+        self._eval: list | None = None  # the held-out tasks, built on first use
+        self._eval_questions: set[str] = set()
 
     def default_instruction(self) -> str | None:
         """The answer-format line appended to questions when `instruction` is None."""
         return None
 
+    @property
+    def eval_draws(self) -> int:
+        """How many held-out draws may be made to find `eval_size` distinct questions."""
+        return max(1000, self.eval_draws_per_item * self.eval_size)
+
     def __len__(self) -> int:
         """Number of training indices before `train_task` wraps around."""
         return self.size
 
-    @abstractmethod
-    def train_task(self, index: int) -> Task:
-        """Training task `index` (wrapped modulo `size`)."""
+    def __getstate__(self) -> dict:
+        # Caches are rebuilt in whichever process uses the source (deterministically).
+        return {**self.__dict__, "_eval": None, "_eval_questions": set()}
 
     @abstractmethod
+    def draw(self, split: str, index: int, task_id: str) -> Task:
+        """Raw item `index` of the "train" (from `seed`) or "eval" (from `eval_seed`) stream,
+        with the id `task_id`."""
+
     def eval_tasks(self) -> list[Task]:
-        """The `eval_size` held-out tasks, in a fixed order."""
+        """The `eval_size` held-out tasks, in a fixed order, no two with the same question."""
+        if self._eval is None:
+            tasks: list[Task] = []
+            seen: set[str] = set()
+            for j in range(self.eval_draws):
+                if len(tasks) == self.eval_size:
+                    break
+                task = self.draw("eval", j, f"{self.name}/eval/{len(tasks)}")
+                question = normalize_question(task.question)
+                if question not in seen:
+                    seen.add(question)
+                    tasks.append(task)
+            if len(tasks) < self.eval_size:
+                raise ValueError(
+                    f"task {self.name!r} with params {self.params}: only {len(tasks)} distinct questions in "
+                    f"{self.eval_draws} held-out draws, fewer than task.eval_size={self.eval_size}; lower "
+                    f"task.eval_size (and eval.size) or widen the task (task.params)")
+            self._eval, self._eval_questions = tasks, seen
+        # Copies: callers may mutate tasks (entries are dicts) without corrupting the cache.
+        return copy.deepcopy(self._eval)
+
+    def train_task(self, index: int) -> Task:
+        """Training task `index` (wrapped modulo `size`); never a held-out question."""
+        index = int(index) % self.size
+        if self._eval is None:
+            self.eval_tasks()
+        for k in range(self.train_probes):
+            task = self.draw("train", (index + k * self._PROBE_STRIDE) % self.size, f"{self.name}/train/{index}")
+            if normalize_question(task.question) not in self._eval_questions:
+                return task
+        raise ValueError(f"task {self.name!r}: {self.train_probes} training candidates for index {index} are all "
+                         f"held-out questions; widen the task (task.params) or lower task.eval_size")
 
 
 # ---- harnesses -------------------------------------------------------------------------
@@ -95,23 +156,45 @@ Harness = Callable[..., Awaitable[Reward]]
 
 
 def as_result(value: Reward) -> HarnessResult:
-    """Normalise what a harness returned; raise ValueError saying what was wrong."""
+    """Normalise what a harness returned, checking every field; raise ValueError saying what was
+    wrong (the worker turns it into a failed trace)."""
     if isinstance(value, HarnessResult):
-        result = value
+        reward, agent_rewards, info = value.reward, value.agent_rewards, value.info
     elif isinstance(value, dict):
         if not value:
             raise ValueError("harness returned an empty per-agent reward dict")
-        rewards = {str(k): float(v) for k, v in value.items()}
-        result = HarnessResult(reward=sum(rewards.values()) / len(rewards), agent_rewards=rewards)
-    elif isinstance(value, (int, float)):  # bool is an int
-        result = HarnessResult(reward=float(value))
+        reward, agent_rewards, info = None, value, {}
     else:
-        raise ValueError(f"harness returned {type(value).__name__}; expected a float reward, "
-                         f"a dict role -> reward, or a HarnessResult")
-    values = [result.reward, *(result.agent_rewards or {}).values()]
-    if not all(math.isfinite(v) for v in values):
-        raise ValueError(f"harness returned a non-finite reward: {values}")
-    return result
+        reward, agent_rewards, info = value, None, {}
+    if agent_rewards is not None:
+        if not isinstance(agent_rewards, dict):
+            raise ValueError(f"harness returned agent_rewards of type {type(agent_rewards).__name__}; "
+                             f"expected a dict role -> reward")
+        for role in agent_rewards:
+            if type(role) is not str or not role:
+                raise ValueError(f"harness returned agent_rewards with key {role!r}; roles are non-empty strings")
+        agent_rewards = {role: _reward(r, f"agent_rewards[{role!r}]") for role, r in agent_rewards.items()}
+        if reward is None:  # a bare dict: the trace reward is the mean of the agents'
+            reward = sum(agent_rewards.values()) / len(agent_rewards)
+    reward = _reward(reward, "reward")
+    if not isinstance(info, dict) or any(type(k) is not str for k in info):
+        raise ValueError(f"harness returned info of type {type(info).__name__}; expected a dict with string keys")
+    try:
+        json.dumps(info, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"harness returned info that is not plain JSON data ({e}); use str, int, float, "
+                         f"bool, None, lists and dicts (convert numpy numbers with float() / int())") from None
+    return HarnessResult(reward=reward, agent_rewards=agent_rewards, info=dict(info))
+
+
+def _reward(value: Any, what: str) -> float:
+    """A harness's reward as a finite float: bool, int or float (numpy's float64 is a float)."""
+    if not isinstance(value, (bool, int, float)):
+        raise ValueError(f"harness returned {what} = {value!r} of type {type(value).__name__}; expected a float "
+                         f"reward, a dict role -> reward, or a HarnessResult (convert numpy numbers with float())")
+    if not math.isfinite(value):
+        raise ValueError(f"harness returned a non-finite {what}: {value}")
+    return float(value)
 
 
 def load_object(target: str, key: str) -> Any:

@@ -33,12 +33,7 @@ class DigitTasks(TaskSource):
     def default_instruction(self) -> str:
         return "Reply with digits only."
 
-    def _task(self, split: str, index: int, seed: int) -> DigitTask:
+    def draw(self, split: str, index: int, task_id: str) -> DigitTask:
+        seed = self.seed if split == "train" else self.eval_seed
         question = f"{_WORDS[(seed + index) % len(_WORDS)]} {(seed * 31 + index * 17) % 1000}"
-        return DigitTask(f"{self.name}/{split}/{index}", question, f"{question}\n{self.instruction}")
-
-    def train_task(self, index: int) -> DigitTask:
-        return self._task("train", index % self.size, self.seed)
-
-    def eval_tasks(self) -> list[DigitTask]:
-        return [self._task("eval", i, self.eval_seed) for i in range(self.eval_size)]
+        return DigitTask(task_id, question, f"{question}\n{self.instruction}")

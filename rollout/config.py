@@ -8,7 +8,10 @@ Cross-field checks live in `validate()`, which runs before Ray starts.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -16,7 +19,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from harnesses.base import load_harness, load_task_source
+from harnesses.base import TaskSource, load_harness, load_task_source
 
 FROZEN_POLICY = "frozen"  # roles mapped here are served by engines but never trained
 
@@ -87,8 +90,8 @@ class TaskConfig:
     params: dict[str, Any] = field(default_factory=dict)  # dataset parameters (difficulty)
     instruction: str | None = None  # appended to each question; None: the source's default
     size: int = 100000  # distinct training items
-    eval_size: int = 64  # held-out items
-    eval_seed: int = 1000003  # far from training seeds: reasoning-gym item i uses Random(seed + i)
+    eval_size: int = 64  # held-out tasks: distinct questions, none ever a training question
+    eval_seed: int = 1000003  # the held-out stream's seed, far from training's (reasoning-gym item i: Random(seed + i))
 
 
 @dataclass
@@ -120,6 +123,20 @@ class GenerateJobConfig(RolloutJobConfig):
     out: str = "traces.jsonl"  # where to write them
 
 
+def make_task_source(cfg: TaskConfig, seed: int) -> TaskSource:
+    """Instantiate the task source named by `task._target_`."""
+    return load_task_source(cfg._target_)(name=cfg.name, params=dict(cfg.params), instruction=cfg.instruction,
+                                          size=cfg.size, eval_size=cfg.eval_size, eval_seed=cfg.eval_seed,
+                                          seed=seed)
+
+
+@functools.lru_cache(maxsize=64)
+def _check_task_source(task_json: str, seed: int) -> None:
+    """The task source builds (a known dataset, good params) and its held-out set fits the task's
+    question space (task.eval_size distinct questions). Cached: it builds datasets."""
+    make_task_source(TaskConfig(**json.loads(task_json)), seed).eval_tasks()
+
+
 def validate(cfg: RolloutJobConfig) -> None:
     """Cross-field checks; raise ValueError naming the key(s) and the fix."""
     s, e, r = cfg.sampling, cfg.engine, cfg.rollout
@@ -149,7 +166,7 @@ def validate(cfg: RolloutJobConfig) -> None:
     except TypeError as e:
         raise ValueError(f"harness.options={dict(cfg.harness.options)} do not fit harness {cfg.harness._target_!r}: "
                          f"{e}") from None
-    load_task_source(cfg.task._target_)
+    _check_task_source(json.dumps(dataclasses.asdict(cfg.task), sort_keys=True, default=str), cfg.seed)
 
 
 def register_configs() -> None:

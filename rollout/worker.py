@@ -14,18 +14,11 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from harnesses.base import TaskSource, as_result, load_harness, load_task_source
+from harnesses.base import as_result, load_harness
 from rollout.client import Agent, ChatFormat, TraceRecorder
-from rollout.config import RolloutJobConfig, SamplingConfig, TaskConfig
+from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
 from rollout.router import Router
 from rollout.trace import Trace, TraceError
-
-
-def make_task_source(cfg: TaskConfig, seed: int) -> TaskSource:
-    """Instantiate the task source named by `task._target_`."""
-    return load_task_source(cfg._target_)(name=cfg.name, params=dict(cfg.params), instruction=cfg.instruction,
-                                          size=cfg.size, eval_size=cfg.eval_size, eval_seed=cfg.eval_seed,
-                                          seed=seed)
 
 
 def _describe(e: BaseException) -> str:
@@ -78,13 +71,15 @@ class RolloutWorker:
                       reward=result.reward if result else 0.0,
                       agent_rewards=result.agent_rewards if result else None,
                       status=status, error=error,
-                      info={"task": task.id, "worker": self.worker_id, **(result.info if result else {})},
+                      info={"task": task.id, "question": task.question, "worker": self.worker_id,
+                            **(result.info if result else {})},
                       timings={"start": start, "end": end, "duration_s": end - start})
         try:
             trace = Trace(**fields)
         except TraceError as e:  # e.g. agent_rewards naming a role that never spoke
             trace = Trace(**{**fields, "status": "failed", "error": f"bad harness result: {e}",
-                             "agent_rewards": None})
+                             "agent_rewards": None,
+                             "info": {"task": task.id, "question": task.question, "worker": self.worker_id}})
         self.counts[f"traces_{trace.status}"] += 1
         self.generated_tokens += trace.num_generated_tokens
         return trace

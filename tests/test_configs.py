@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from harnesses.base import load_harness
-from rollout.config import GenerateJobConfig, validate as validate_generate
+from harnesses.base import load_harness, normalize_question
+from rollout.config import GenerateJobConfig, make_task_source, validate as validate_generate
 from trainer.config import TrainJobConfig, compose, validate as validate_train
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -109,8 +109,33 @@ def test_unmapped_role_fails():
         validate_generate(compose("generate", ["harness=solver_verifier", "~agents.verifier"]))
 
 
+def test_unknown_task_name_fails_at_config_time():
+    with pytest.raises(ValueError, match="unknown reasoning-gym dataset 'chain_summ'; e.g. chain_sum"):
+        validate_train(compose("train", ["task.name=chain_summ"]))
+
+
 def test_unknown_harness_or_task_class_fails_naming_the_key():
     with pytest.raises(ValueError, match="harness._target_='harnesses.nope.run' cannot be imported"):
         validate_generate(compose("generate", ["harness._target_=harnesses.nope.run"]))
     with pytest.raises(ValueError, match="task._target_='harnesses.nope.Tasks' cannot be imported"):
         validate_generate(compose("generate", ["task._target_=harnesses.nope.Tasks"]))
+
+
+@pytest.mark.parametrize("overrides", [[f"task={t}"] for t in options("task")] +
+                         [[f"experiment={e}"] for e in options("experiment")])
+def test_shipped_tasks_hold_out_by_content(overrides):
+    """No question of a shipped task's held-out set is ever a training question, for every
+    training index the config uses (and more); the held-out questions are all different."""
+    cfg = compose("train", overrides)
+    source = make_task_source(cfg.task, cfg.seed)
+    held_out = {normalize_question(t.question) for t in source.eval_tasks()}
+    assert len(held_out) == cfg.task.eval_size >= cfg.eval.size
+    used = cfg.trainer.steps * cfg.trainer.groups_per_step
+    for i in range(max(used, 200)):
+        assert normalize_question(source.train_task(i).question) not in held_out, (overrides, i)
+
+
+def test_an_impossible_eval_size_fails_the_config_check():
+    tiny_space = ["task.params.min_terms=2", "task.params.max_terms=2", "task.eval_size=250", "eval.size=250"]
+    with pytest.raises(ValueError, match="only 200 distinct questions .* fewer than task.eval_size=250"):
+        validate_train(compose("train", tiny_space))

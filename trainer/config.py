@@ -43,7 +43,7 @@ class LoopConfig:
 
 @dataclass
 class EvalConfig:
-    size: int = 32  # held-out task instances (task.eval_seed keeps them apart from training)
+    size: int = 32  # held-out tasks evaluated (the first of task.eval_size distinct questions never trained on)
     temperature: float = 0.0  # 0: greedy
     max_tokens: int | None = None  # None: sampling.max_tokens
     timeout_s: float = 1800.0  # one evaluation taking longer than this is an error

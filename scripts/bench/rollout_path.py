@@ -28,7 +28,7 @@ from rollout.config import EngineConfig, GenerateJobConfig, SamplingConfig
 from rollout.engine import engine_args, sampling_params
 from rollout.fleet import RolloutFleet
 from rollout.models import resolve_model
-from rollout.worker import make_task_source
+from rollout.config import make_task_source
 from trainer.config import compose
 
 

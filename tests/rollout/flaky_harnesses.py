@@ -2,6 +2,10 @@
 
 import asyncio
 
+import numpy as np
+
+from harnesses.base import HarnessResult
+
 
 def _index(task) -> int:
     return int(task.id.rsplit("/", 1)[1])
@@ -25,3 +29,30 @@ async def judged(task, agents):
     a = await agents["solver"].chat(task.prompt, max_tokens=6)
     await agents["judge"].chat(f"Is this right? {a}", max_tokens=4)
     return {"solver": 1.0, "judge": -1.0}
+
+
+BAD_RESULTS = [
+    HarnessResult(reward=0.5, info=["not", "a", "dict"]),  # 0: info not a dict
+    HarnessResult(reward=0.5, info={"score": np.int64(3)}),  # 1: numpy number in info
+    np.float32(0.5),  # 2: a numpy reward that is not a Python float
+    HarnessResult(reward="0.5"),  # 3: a string reward
+    HarnessResult(reward=0.5, agent_rewards={"solver": None}),  # 4: a per-agent reward that is no number
+    HarnessResult(reward=0.5, info={"note": "fine"}),  # 5: a good result
+]
+
+
+async def bad_results(task, agents):
+    """One model call, then the bad (or, for task 5, good) result BAD_RESULTS[task index]."""
+    await agents["solver"].chat(task.prompt, max_tokens=4)
+    return BAD_RESULTS[_index(task)]
+
+
+async def hostile_answer(task, agents):
+    """One model call, then on task 0 a countdown verifier fed an expression that never finishes
+    evaluating (SymPy's parse_expr); the other tasks score normally."""
+    text = await agents["solver"].chat(task.prompt, max_tokens=4)
+    if _index(task) == 0:
+        from harnesses.reasoning_gym_tasks import ReasoningGymTasks
+
+        return ReasoningGymTasks("countdown", eval_size=0).train_task(0).score("<answer>9**9**9**9</answer>")
+    return task.score(text)

@@ -28,6 +28,29 @@ def test_failing_and_hanging_harnesses_make_failed_traces(run_worker):
     assert bstats["received"] == 12 and bstats["rejected"] == 0
 
 
+def test_bad_harness_results_make_failed_traces(run_worker):
+    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.bad_results", name="bad", roles=["solver"])
+    stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=6)
+    by_task = {int(g[0].info["task"].rsplit("/", 1)[1]): g for g in groups}
+    expected = {0: "info of type list", 1: "info that is not plain JSON data", 2: "reward = np.float32(0.5) of type float32",
+                3: "reward = '0.5' of type str", 4: "agent_rewards['solver'] = None of type NoneType"}
+    for k, msg in expected.items():
+        assert all(t.status == "failed" and msg in t.error for t in by_task[k]), (k, [t.error for t in by_task[k]])
+        assert all(len(t.sequences) == 1 for t in by_task[k]), "the model call made before is kept"
+    assert all(t.status != "failed" and t.reward == 0.5 and t.info["note"] == "fine" for t in by_task[5])
+    assert stats["traces_failed"] == 10 and bstats["received"] == 12 and bstats["rejected"] == 0
+
+
+def test_a_hostile_answer_costs_one_failed_trace(run_worker):
+    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.hostile_answer", name="hostile", roles=["solver"])
+    stats, groups, _ = run_worker(harness, {"solver": "main"}, n_tasks=3, timeout_s=120.0)
+    by_task = {int(g[0].info["task"].rsplit("/", 1)[1]): g for g in groups}
+    assert all(t.status == "failed" and "SandboxError: _score_answer ran past its 2.0s limit" in t.error
+               for t in by_task[0]), [t.error for t in by_task[0]]
+    assert all(t.status != "failed" for k in (1, 2) for t in by_task[k]), "the worker goes on scoring"
+    assert stats["traces_failed"] == 2
+
+
 def test_frozen_role_and_agent_rewards(run_worker):
     harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.judged", name="judged",
                             roles=["solver", "judge"])

@@ -3,18 +3,24 @@
 A `Sequence` is one model-generated token stream (`completion_ids`) produced
 under a context (`prompt_ids`). A `Trace` is everything one harness run
 produced: every sequence of every agent, plus the reward(s) of the run.
-Both are plain dataclasses over Python lists, validated on construction, so
-they travel cheaply through Ray's object store and round-trip through JSONL.
+
+Both are msgspec Structs over plain Python lists: they travel cheaply through
+Ray's object store, and a JSONL file decodes straight into them with every
+field type-checked by msgspec (booleans are booleans, ids are ints, ...; an
+unknown field is an error). Construction in Python runs the same checks in
+`__post_init__`, plus what a type cannot say (lengths agree, log-probs are
+finite and <= 0, a parent is an earlier sequence, a per-agent reward names a
+role that spoke). Every rejection is a `TraceError` naming the field (and,
+from a file, the line).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+import msgspec
 
 TRACE_STATUSES = ("ok", "failed", "truncated")
 FINISH_REASONS = ("stop", "length", "abort")
@@ -24,16 +30,36 @@ class TraceError(ValueError):
     """A malformed sequence or trace; the message says which field and why."""
 
 
-def _check_ids(name: str, ids: list[int]) -> None:
-    for i, t in enumerate(ids):
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise TraceError(f"{name}[{i}] = {t!r} is not an int token id")
-        if t < 0:
-            raise TraceError(f"{name}[{i}] = {t} is a negative token id")
+def _fail(field: str, value: Any, want: str) -> None:
+    raise TraceError(f"{field} = {value!r:.80} must be {want}")
 
 
-@dataclass
-class Sequence:
+def _number(field: str, value: Any, finite: bool = True) -> float:
+    if type(value) not in (int, float):
+        _fail(field, value, "a number (int or float)")
+    if finite and not math.isfinite(value):
+        raise TraceError(f"{field} = {value} is not finite")
+    return float(value)
+
+
+def _name(field: str, value: Any) -> None:
+    if type(value) is not str or not value:
+        _fail(field, value, "a non-empty string")
+
+
+def _check_ids(field: str, ids: Any) -> None:
+    # set(map(type, ...)) and min() run in C: cheap next to decoding the ids.
+    if type(ids) is not list:
+        _fail(field, ids, "a list of int token ids")
+    if set(map(type, ids)) - {int}:
+        i, t = next((i, t) for i, t in enumerate(ids) if type(t) is not int)
+        raise TraceError(f"{field}[{i}] = {t!r} is not an int token id")
+    if ids and min(ids) < 0:
+        i = ids.index(min(ids))
+        raise TraceError(f"{field}[{i}] = {ids[i]} is a negative token id")
+
+
+class Sequence(msgspec.Struct, forbid_unknown_fields=True):
     """One model call: prompt tokens in, generated tokens (and their behaviour log-probs) out."""
 
     prompt_ids: list[int]
@@ -48,28 +74,31 @@ class Sequence:
     parent: int | None = None  # index (in the trace) of the sequence this one continues
 
     def __post_init__(self) -> None:
-        self.prompt_ids = list(self.prompt_ids)
-        self.completion_ids = list(self.completion_ids)
-        self.logprobs = [float(x) for x in self.logprobs]
         _check_ids("prompt_ids", self.prompt_ids)
         _check_ids("completion_ids", self.completion_ids)
         if not self.prompt_ids:
             raise TraceError("prompt_ids is empty: every sequence is generated under some context")
+        if type(self.logprobs) is not list or set(map(type, self.logprobs)) - {float, int}:
+            _fail("logprobs", self.logprobs, "a list of float log-probabilities")
         if len(self.logprobs) != len(self.completion_ids):
             raise TraceError(
                 f"logprobs has {len(self.logprobs)} entries but completion_ids has "
                 f"{len(self.completion_ids)}: need one behaviour log-prob per generated token")
-        for i, lp in enumerate(self.logprobs):
-            if not math.isfinite(lp) or lp > 1e-4:
-                raise TraceError(f"logprobs[{i}] = {lp} is not a finite log-probability (<= 0)")
-        if not self.agent or not self.policy:
-            raise TraceError("agent and policy must be non-empty role / policy names")
-        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
-            raise TraceError(f"version = {self.version!r} must be a non-negative int")
+        if self.logprobs and not (all(map(math.isfinite, self.logprobs)) and max(self.logprobs) <= 1e-4):
+            i, lp = next((i, lp) for i, lp in enumerate(self.logprobs) if not (math.isfinite(lp) and lp <= 1e-4))
+            raise TraceError(f"logprobs[{i}] = {lp} is not a finite log-probability (<= 0)")
+        _name("agent", self.agent)
+        _name("policy", self.policy)
+        if type(self.version) is not int or self.version < 0:
+            _fail("version", self.version, "a non-negative int")
+        if type(self.trainable) is not bool:
+            _fail("trainable", self.trainable, "a bool")
         if self.finish_reason not in FINISH_REASONS:
-            raise TraceError(f"finish_reason = {self.finish_reason!r}, expected one of {FINISH_REASONS}")
-        if self.reward is not None and not math.isfinite(self.reward):
-            raise TraceError(f"reward = {self.reward} is not finite")
+            _fail("finish_reason", self.finish_reason, f"one of {FINISH_REASONS}")
+        if self.reward is not None:
+            self.reward = _number("reward", self.reward)
+        if self.parent is not None and type(self.parent) is not int:
+            _fail("parent", self.parent, "an int (an earlier sequence's index) or None")
 
     @property
     def num_tokens(self) -> int:
@@ -85,8 +114,7 @@ class Sequence:
                     f"{name}[{i}] = {ids[i]} is out of vocabulary (vocab_size {vocab_size})")
 
 
-@dataclass
-class Trace:
+class Trace(msgspec.Struct, forbid_unknown_fields=True):
     """One harness run: every sequence it generated and the reward of the whole run."""
 
     id: str
@@ -96,22 +124,35 @@ class Trace:
     agent_rewards: dict[str, float] | None = None  # role -> reward (competitive / role-specific)
     status: str = "ok"  # ok | failed | truncated
     error: str | None = None  # why a failed trace failed
-    info: dict[str, Any] = field(default_factory=dict)  # task id, answer, harness extras
-    timings: dict[str, float] = field(default_factory=dict)  # seconds: start, end, duration_s
+    info: dict[str, Any] = msgspec.field(default_factory=dict)  # task id, question, harness extras
+    timings: dict[str, float] = msgspec.field(default_factory=dict)  # seconds: start, end, duration_s
 
     def __post_init__(self) -> None:
-        self.sequences = [s if isinstance(s, Sequence) else Sequence(**s) for s in self.sequences]
+        _name("id", self.id)
+        _name("group", self.group)
+        if type(self.sequences) is not list:
+            _fail("sequences", self.sequences, "a list of Sequence")
+        self.sequences = [s if isinstance(s, Sequence) else _convert(s, Sequence, f"sequences[{i}]")
+                          for i, s in enumerate(self.sequences)]
         if self.status not in TRACE_STATUSES:
-            raise TraceError(f"status = {self.status!r}, expected one of {TRACE_STATUSES}")
+            _fail("status", self.status, f"one of {TRACE_STATUSES}")
+        if self.error is not None and type(self.error) is not str:
+            _fail("error", self.error, "a string or None")
         if self.status == "failed" and not self.error:
             raise TraceError("a failed trace must say why (error is empty)")
-        if not math.isfinite(self.reward):
-            raise TraceError(f"reward = {self.reward} is not finite")
+        self.reward = _number("reward", self.reward)
+        if type(self.info) is not dict or any(type(k) is not str for k in self.info):
+            _fail("info", self.info, "a dict with string keys")
+        if type(self.timings) is not dict:
+            _fail("timings", self.timings, "a dict of seconds")
+        self.timings = {k: _number(f"timings[{k!r}]", v, finite=False) for k, v in self.timings.items()}
         if self.agent_rewards is not None:
+            if type(self.agent_rewards) is not dict:
+                _fail("agent_rewards", self.agent_rewards, "a dict role -> reward, or None")
             roles = {s.agent for s in self.sequences}
             for role, r in self.agent_rewards.items():
-                if not math.isfinite(r):
-                    raise TraceError(f"agent_rewards[{role!r}] = {r} is not finite")
+                _name("agent_rewards key", role)
+                self.agent_rewards[role] = _number(f"agent_rewards[{role!r}]", r)
                 if self.sequences and role not in roles:
                     raise TraceError(f"agent_rewards names role {role!r}, but no sequence has it "
                                      f"(roles: {sorted(roles)})")
@@ -149,14 +190,20 @@ class Trace:
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return msgspec.to_builtins(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Trace:
-        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise TraceError(f"unknown trace fields {sorted(unknown)}")
-        return cls(**d)
+    def from_dict(cls, d: Any) -> Trace:
+        """A Trace from plain data (e.g. decoded JSON), every field type-checked."""
+        return _convert(d, cls, "trace")
+
+
+def _convert(data: Any, cls: type, what: str) -> Any:
+    """msgspec's strict conversion, its errors (which name the field's path) as TraceError."""
+    try:
+        return msgspec.convert(data, cls)
+    except msgspec.ValidationError as e:
+        raise TraceError(f"{what}: {e}") from None
 
 
 def _extends(prompt_ids: list[int], s: Sequence) -> bool:
@@ -191,25 +238,30 @@ def prefix_chains(sequences: list[Sequence], include: Iterable[int] | None = Non
     return chains
 
 
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(Trace)
+
+
 def write_jsonl(traces: Iterable[Trace], path: str | Path) -> int:
     """Write traces one JSON object per line; returns how many were written."""
     n = 0
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
+    with open(path, "wb") as f:
         for t in traces:
-            f.write(json.dumps(t.to_dict(), separators=(",", ":")) + "\n")
+            f.write(_ENCODER.encode(t) + b"\n")
             n += 1
     return n
 
 
 def read_jsonl(path: str | Path) -> Iterator[Trace]:
-    """Read traces written by `write_jsonl`; a bad line raises TraceError naming its line number."""
-    with open(path) as f:
+    """Read traces written by `write_jsonl`, every field type-checked; a bad line raises
+    TraceError naming its line number and the field."""
+    with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                yield Trace.from_dict(json.loads(line))
-            except (TraceError, TypeError, json.JSONDecodeError) as e:
+                yield _DECODER.decode(line)
+            except (msgspec.ValidationError, msgspec.DecodeError) as e:
                 raise TraceError(f"{path}:{lineno}: {e}") from None

@@ -9,7 +9,6 @@ entry, and the scorer is rebuilt lazily in whichever process scores it.
 
 from __future__ import annotations
 
-import copy
 import difflib
 import json
 import math
@@ -20,6 +19,7 @@ from typing import Any
 
 from harnesses.answers import extract_answer, is_number
 from harnesses.base import TaskSource
+from harnesses.sandbox import Sandbox
 
 DEFAULT_INSTRUCTION = "Give the final answer as <answer>NUMBER</answer>."
 
@@ -151,29 +151,44 @@ class ReasoningGymTask:
         return extract_answer(text, numeric_fallback=self.numeric)
 
     def score(self, text: str) -> float:
-        """Score a model's output text with the dataset's verifier: 0.0..1.0."""
+        """Score a model's output text with the dataset's verifier: 0.0..1.0. The verifier runs in
+        a sandbox process (some evaluate the answer); one that runs out of time or memory raises
+        SandboxError, which fails this trace only."""
         answer = self.extract_answer(text)
         if answer is None:
             return 0.0
-        scorer = _scorer(self.dataset, self.params)
-        try:
-            reward = float(scorer.score_answer(answer=answer, entry=self.entry))
-        except Exception:
-            # Model output is arbitrary text: a verifier that chokes on it means "wrong",
-            # not a crashed rollout.
-            return 0.0
-        if not math.isfinite(reward):
-            return 0.0
-        return min(1.0, max(0.0, reward))
+        return _SANDBOX.call(_score_answer, self.dataset, self.params, answer, self.entry)
+
+
+def _score_answer(dataset: str, params: dict, answer: str, entry: dict) -> float:
+    """The dataset's own verifier on `answer` (runs in the sandbox process), clamped to [0, 1]."""
+    try:
+        reward = float(_scorer(dataset, params).score_answer(answer=answer, entry=entry))
+    except Exception:
+        # Model output is arbitrary text: a verifier that chokes on it means "wrong",
+        # not a crashed rollout.
+        return 0.0
+    if not math.isfinite(reward):
+        return 0.0
+    return min(1.0, max(0.0, reward))
+
+
+def _import_reasoning_gym() -> None:
+    _reasoning_gym()
+
+
+# One per process, started on the first score: the verifiers of every task run there.
+_SANDBOX = Sandbox(warmup=_import_reasoning_gym)
 
 
 class ReasoningGymTasks(TaskSource):
     """Deterministic task source over one reasoning-gym dataset.
 
-    Training task ``i`` is item ``i % size`` of the reasoning-gym dataset built
-    with ``seed`` and ``size``; evaluation tasks are the items of the dataset
-    built with ``eval_seed`` and ``eval_size``. Most reasoning-gym datasets derive
-    item ``i`` from ``Random(seed + i)``, so seeds closer than ``size`` share
+    Raw training item ``j`` is item ``j`` of the reasoning-gym dataset built with
+    ``seed`` and ``size``; raw held-out item ``j`` is item ``j`` of the dataset built
+    with ``eval_seed`` and ``eval_draws`` (TaskSource makes the held-out set distinct
+    and keeps its questions out of training). Most reasoning-gym datasets derive
+    item ``j`` from ``Random(seed + j)``, so seeds closer than ``size`` share
     (shifted) items; the train and eval seed ranges must therefore not overlap.
     A few datasets pre-generate all items when built (acre takes ~16 s at the
     default size) or cap the size (word_ladder: 20000): pass a smaller ``size``.
@@ -185,18 +200,18 @@ class ReasoningGymTasks(TaskSource):
     def __init__(self, name: str, params: dict | None = None, instruction: str | None = None,
                  size: int = 100000, eval_size: int = 64, eval_seed: int = 1000003, seed: int = 0) -> None:
         super().__init__(name, _plain(params or {}), instruction, size, eval_size, eval_seed, seed)
-        if eval_size and seed < eval_seed + eval_size and eval_seed < seed + size:
+        if eval_size and seed < eval_seed + self.eval_draws and eval_seed < seed + size:
             raise ValueError(
                 f"train seeds [{seed}, {seed + size}) overlap eval seeds "
-                f"[{eval_seed}, {eval_seed + eval_size}) "
-                f"for dataset {name!r}: eval items would appear in training"
+                f"[{eval_seed}, {eval_seed + self.eval_draws}) "
+                f"for dataset {name!r}: the held-out stream would repeat the training stream"
             )
         # Built eagerly so that unknown names and bad params fail here, not mid-training.
         # reasoning-gym item i can depend on the dataset's seed *and* size (gsm_symbolic draws
         # its templates up front, acre pre-generates everything), so index the real dataset
         # rather than building per-item windows.
         self._train_ds: Any = _create_dataset(name, self.params, seed=seed, size=size)
-        self._eval: list[ReasoningGymTask] | None = None
+        self._eval_ds: Any = None
 
     def default_instruction(self) -> str:
         return DATASET_INSTRUCTIONS.get(self.name, DEFAULT_INSTRUCTION)
@@ -208,15 +223,16 @@ class ReasoningGymTasks(TaskSource):
         )
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_train_ds"] = None
-        state["_eval"] = None
-        return state
+        return {**super().__getstate__(), "_train_ds": None, "_eval_ds": None}
 
-    def _train_dataset(self) -> Any:
-        if self._train_ds is None:
-            self._train_ds = _create_dataset(self.name, self.params, seed=self.seed, size=self.size)
-        return self._train_ds
+    def draw(self, split: str, index: int, task_id: str) -> ReasoningGymTask:
+        if split == "train":
+            if self._train_ds is None:
+                self._train_ds = _create_dataset(self.name, self.params, seed=self.seed, size=self.size)
+            return self._make_task(task_id, self._train_ds[index])
+        if self._eval_ds is None:
+            self._eval_ds = _create_dataset(self.name, self.params, seed=self.eval_seed, size=self.eval_draws)
+        return self._make_task(task_id, self._eval_ds[index])
 
     def _make_task(self, task_id: str, entry: Mapping[str, Any]) -> ReasoningGymTask:
         entry = _jsonable(entry)
@@ -231,19 +247,3 @@ class ReasoningGymTasks(TaskSource):
             entry=entry,
             params=_plain(self.params),
         )
-
-    def train_task(self, index: int) -> ReasoningGymTask:
-        """Training task ``index`` (wrapped modulo ``size``); deterministic given name, params, seed."""
-        index = int(index) % self.size
-        return self._make_task(f"{self.name}/train/{index}", self._train_dataset()[index])
-
-    def eval_tasks(self) -> list[ReasoningGymTask]:
-        """The ``eval_size`` held-out tasks, built from ``eval_seed``."""
-        if self._eval is None:
-            if self.eval_size == 0:
-                self._eval = []
-            else:
-                ds = _create_dataset(self.name, self.params, seed=self.eval_seed, size=self.eval_size)
-                self._eval = [self._make_task(f"{self.name}/eval/{i}", ds[i]) for i in range(self.eval_size)]
-        # Copies: callers may mutate tasks (entries are dicts) without corrupting the cache.
-        return copy.deepcopy(self._eval)

@@ -4,17 +4,20 @@ extraction (harnesses/answers.py), the synthetic digit task, and the TaskSource 
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from harnesses import reasoning_gym_tasks
 from harnesses.answers import extract_answer
-from harnesses.base import TaskSource, load_task_source
+from harnesses.base import TaskSource, load_task_source, normalize_question
 from harnesses.reasoning_gym_tasks import DEFAULT_INSTRUCTION, ReasoningGymTask, ReasoningGymTasks
+from harnesses.sandbox import Sandbox, SandboxError
 from harnesses.synthetic import DigitTasks
 from tests.conftest import EASY_CHAIN_SUM
 
@@ -148,14 +151,31 @@ def test_eval_tasks_held_out():
     assert not train_questions & {t.question for t in evals}
 
 
-def test_eval_tasks_easy_params_ids_differ():
-    # With 2-3 one-digit terms the item space is tiny, so equal questions in train and
-    # eval are expected; the held-out guarantee is about the generating seeds, and ids differ.
-    src = ReasoningGymTasks("chain_sum", params=EASY_CHAIN_SUM, eval_size=16)
+def test_easy_params_held_out_by_content():
+    # 2 one-digit terms: only 200 distinct questions. The held-out set takes 64 of them, all
+    # different, and training never sees one of those (it skips to other items).
+    src = ReasoningGymTasks("chain_sum", params={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+                            eval_size=64)
     evals = src.eval_tasks()
-    train = [src.train_task(i) for i in range(200)]
-    assert not {t.id for t in train} & {t.id for t in evals}
+    questions = {normalize_question(t.question) for t in evals}
+    assert len(questions) == 64
+    train = [src.train_task(i) for i in range(3000)]
+    assert not questions & {normalize_question(t.question) for t in train}
+    assert len({normalize_question(t.question) for t in train}) == 200 - 64, "every other question is trained on"
+    assert [t.id for t in train[:3]] == ["chain_sum/train/0", "chain_sum/train/1", "chain_sum/train/2"]
     assert all(t.score(f"<answer>{t.answer}</answer>") == 1.0 for t in evals)
+
+
+def test_an_eval_set_larger_than_the_question_space_is_refused():
+    src = ReasoningGymTasks("chain_sum", params={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+                            eval_size=250)
+    with pytest.raises(ValueError, match=r"only 200 distinct questions in 12500 held-out draws, fewer than "
+                                         r"task.eval_size=250; lower task.eval_size"):
+        src.eval_tasks()
+
+
+def test_normalize_question():
+    assert normalize_question("  What is\n 3 +  4? ") == normalize_question("what is 3 + 4?") == "what is 3 + 4?"
 
 
 def test_overlapping_train_and_eval_seeds_rejected():
@@ -242,3 +262,25 @@ def test_task_source_errors_name_the_key():
         load_task_source("harnesses.synthetic.DigitTask")
     with pytest.raises(ValueError, match="task._target_='harnesses.nope.Tasks' cannot be imported"):
         load_task_source("harnesses.nope.Tasks")
+
+
+def test_a_verifier_that_never_finishes_is_killed_at_its_limit():
+    """countdown's verifier evaluates the answer with SymPy: 9**9**9**9 would run for ever. It
+    runs in the sandbox process, which is killed at its limit; the next score works."""
+    task = ReasoningGymTasks("countdown", eval_size=0).train_task(0)
+    assert task.score(f"<answer>{task.answer}</answer>") == 1.0  # the sandbox is up
+    t0 = time.monotonic()
+    with pytest.raises(SandboxError, match=r"_score_answer ran past its 2.0s limit and was killed"):
+        task.score("<answer>9**9**9**9</answer>")
+    assert time.monotonic() - t0 < 10
+    assert task.score(f"<answer>{task.answer}</answer>") == 1.0
+
+
+def test_sandbox_reports_errors_and_memory_exhaustion():
+    box = Sandbox(timeout_s=30.0, memory_bytes=1 << 30)
+    assert box.call(math.factorial, 5) == 120
+    with pytest.raises(SandboxError, match="factorial failed: ValueError"):
+        box.call(math.factorial, -1)
+    with pytest.raises(SandboxError, match="failed: MemoryError"):
+        box.call(bytes, 2 << 30)  # 2 GiB under a 1 GiB limit
+    assert box.call(math.factorial, 3) == 6

@@ -95,7 +95,7 @@ def train(cfg: TrainJobConfig) -> dict:
         summary = {**eval_summary(initial, final), "steps": t.steps, "start_step": start,
                    "wall_s": round(time.time() - t_start, 1), "dropped_stale": dropped,
                    **policy_summary(fleet, policy)}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
     return summary
 
 
@@ -140,9 +140,12 @@ def mean_reward(traces: list[Trace]) -> float | None:
 
 
 def eval_summary(initial: list[Trace], final: list[Trace]) -> dict:
-    """Held-out reward before and after (None without an eval), and the paired comparison."""
+    """Held-out reward before and after (None without an eval), how many eval runs failed (an
+    infrastructure problem, not a weak model), and the paired comparison by question."""
     return {"initial_eval_reward": mean_reward(initial), "final_eval_reward": mean_reward(final),
             "eval_size": len(final), "eval_paired": paired_comparison(initial, final),
+            "eval_failed": {"initial": sum(t.status == "failed" for t in initial),
+                            "final": sum(t.status == "failed" for t in final)},
             "initial_eval": trace_metrics(initial, "eval") if initial else {},
             "final_eval": trace_metrics(final, "eval") if final else {}}
 

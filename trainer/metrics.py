@@ -36,14 +36,33 @@ def train_metrics(stats: dict[str, float], packing: dict[str, float]) -> dict[st
 
 
 def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, float]:
-    """How the same held-out tasks moved between two evals: tasks that got better / worse,
-    and the two-sided sign-test p-value of that split (ties dropped) — the noise check for
-    "did eval reward really rise" that two independent means cannot give on a small set."""
-    better = sum(a.reward > b.reward for b, a in zip(before, after))
-    worse = sum(a.reward < b.reward for b, a in zip(before, after))
+    """How the same held-out questions moved between two evals: questions that got better /
+    worse, and the two-sided sign-test p-value of that split (ties dropped) — the noise check
+    for "did eval reward really rise" that two independent means cannot give on a small set.
+
+    Paired by question (the trace's info["question"], else its task id), each counted once: a
+    repeated question must not count as independent evidence. A question whose run failed on
+    either side (an infrastructure error, not an answer) is left out and counted apart.
+    """
+    def by_question(traces: list[Trace]) -> tuple[dict[str, float], set[str]]:
+        rewards: dict[str, list[float]] = {}
+        failed: set[str] = set()
+        for t in traces:
+            key = t.info.get("question", t.info.get("task", t.id))
+            rewards.setdefault(key, []).append(t.reward)
+            if t.status == "failed":
+                failed.add(key)
+        return {q: sum(r) / len(r) for q, r in rewards.items()}, failed
+
+    (b, b_failed), (a, a_failed) = by_question(before), by_question(after)
+    both = b.keys() & a.keys()
+    common = sorted(both - b_failed - a_failed)
+    better = sum(a[q] > b[q] for q in common)
+    worse = sum(a[q] < b[q] for q in common)
     n, k = better + worse, min(better, worse)
     p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
-    return {"better": better, "worse": worse, "sign_test_p": p}
+    return {"questions": len(common), "left_out_failed": len(both) - len(common), "better": better,
+            "worse": worse, "sign_test_p": p}
 
 
 def trace_table(traces: list[Trace], decode):
@@ -81,8 +100,10 @@ class RunLogger:
         self._t0 = time.time()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        record = {"step": step, "time_s": round(time.time() - self._t0, 2), **metrics}
-        self._file.write(json.dumps(record) + "\n")
+        """Append one row to metrics.jsonl (strict JSON: a non-finite value is written as null)."""
+        record = {"step": step, "time_s": round(time.time() - self._t0, 2),
+                  **{k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in metrics.items()}}
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
@@ -96,6 +117,8 @@ class RunLogger:
                  f"step {m.get('perf/step_s', 0):6.1f}s"]
         if "eval/reward" in m:
             parts.append(f"eval {m['eval/reward']:.3f}")
+        if m.get("rollout/failed", 0):
+            parts.append(f"failed {int(m['rollout/failed'])}")
         if m.get("async/dropped_stale", 0):
             parts.append(f"dropped {int(m['async/dropped_stale'])}")
         print("[train] " + " | ".join(parts), flush=True)

@@ -1,21 +1,43 @@
-"""The training loop end to end on the tiny model: real Ray, real vLLM engines, 2 DeepSpeed ranks.
+"""The training loop end to end on the tiny model (real Ray, real vLLM engines, 2 DeepSpeed ranks),
+and its eval summary.
 
 Rewards can only rise if the engines really sample from the trained weights,
 so a rising held-out reward shows the whole loop closes.
 """
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from rollout.trace import read_jsonl
+from rollout.trace import Sequence, Trace, read_jsonl
 from tests.conftest import read_metrics as metrics
 from trainer.config import compose
-from trainer.loop import train
+from trainer.loop import eval_summary, train
 
 
 def smoke_cfg(run_dir, *overrides):
     return compose("train", ["experiment=smoke", f"run_dir={run_dir}", *overrides])
+
+
+def eval_trace(question, reward, failed=False):
+    return Trace(f"t-{question}", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=reward,
+                 status="failed" if failed else "ok", error="RuntimeError: engine gone" if failed else None,
+                 info={"question": question})
+
+
+def test_eval_summary_counts_failures_apart_from_wrong_answers_and_is_strict_json():
+    initial = [eval_trace("a", 0.0), eval_trace("b", 0.0, failed=True), eval_trace("c", 1.0)]
+    final = [eval_trace("a", 1.0), eval_trace("b", 0.0, failed=True), eval_trace("c", 0.0, failed=True)]
+    s = eval_summary(initial, final)
+    assert s["eval_failed"] == {"initial": 1, "final": 2}
+    assert s["final_eval"]["eval/failed"] == 2.0 and s["initial_eval"]["eval/failed"] == 1.0
+    # b and c failed on one side or both: an error is not a wrong answer, so only a is compared
+    assert s["eval_paired"] == {"questions": 1, "left_out_failed": 2, "better": 1, "worse": 0, "sign_test_p": 1.0}
+    none = eval_summary([], [])  # eval.size=0: no numbers, not NaN
+    assert none["initial_eval_reward"] is None and none["final_eval"] == {}
+    json.dumps({**s, **none}, allow_nan=False)
 
 
 @pytest.mark.slow

@@ -39,20 +39,32 @@ def test_run_logger_logs_the_table_offline(tmp_path):
     assert json.loads(table.read_text())["columns"][-1] == "view"
 
 
-def reward_trace(reward):
-    return Trace("t", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=reward)
+def reward_trace(reward, question="q"):
+    return Trace("t", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=reward,
+                 info={"question": question})
+
+
+def evals(rewards, questions=None):
+    return [reward_trace(r, q) for r, q in zip(rewards, questions or [f"q{i}" for i in range(len(rewards))])]
 
 
 def test_paired_comparison_counts_and_sign_test():
-    before = [reward_trace(r) for r in (0, 0, 0, 0, 0, 0, 1, 1)]
-    after = [reward_trace(r) for r in (1, 1, 1, 1, 1, 0, 1, 0)]
+    before = evals([0, 0, 0, 0, 0, 0, 1, 1])
+    after = evals([1, 1, 1, 1, 1, 0, 1, 0])
     got = paired_comparison(before, after)
-    assert got["better"] == 5 and got["worse"] == 1
+    assert got["questions"] == 8 and got["better"] == 5 and got["worse"] == 1
     # two-sided sign test, 6 untied pairs, 1 the minority: 2 * (C(6,0) + C(6,1)) / 2^6
     assert got["sign_test_p"] == pytest.approx(2 * 7 / 64)
-    assert paired_comparison(before, before) == {"better": 0, "worse": 0, "sign_test_p": 1.0}
-    even = paired_comparison([reward_trace(0), reward_trace(1)], [reward_trace(1), reward_trace(0)])
+    assert paired_comparison(before, before) == {"questions": 8, "left_out_failed": 0, "better": 0, "worse": 0,
+                                                 "sign_test_p": 1.0}
+    even = paired_comparison(evals([0, 1]), evals([1, 0]))
     assert even["sign_test_p"] == 1.0
+
+
+def test_paired_comparison_counts_a_repeated_question_once():
+    questions = ["a", "a", "a", "a", "b"]
+    got = paired_comparison(evals([0, 0, 0, 0, 0], questions), evals([1, 1, 1, 1, 1], questions))
+    assert got == {"questions": 2, "left_out_failed": 0, "better": 2, "worse": 0, "sign_test_p": 0.5}
 
 
 def test_advantage_and_train_metrics_are_named_and_averaged():

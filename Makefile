@@ -4,7 +4,6 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export TRACERL_CACHE ?= $(HOME)/.cache/tracerl
-export RAY_AUTH_MODE ?= disabled
 export WANDB_MODE ?= offline
 
 .PHONY: setup test test-fast train smoke bench clean

@@ -12,8 +12,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ADDRESS=${RAY_ADDRESS:-http://127.0.0.1:8265}
 PYTHON=${PYTHON:-$(pwd)/.venv/bin/python}
-RUNTIME_ENV=$(printf '{"working_dir": ".", "excludes": [".venv", "runs", "outputs", "wandb", ".git"], "env_vars": {"WANDB_MODE": "%s", "RAY_AUTH_MODE": "%s", "TRACERL_CACHE": "%s"}}' \
-    "${WANDB_MODE:-offline}" "${RAY_AUTH_MODE:-disabled}" "${TRACERL_CACHE:-$HOME/.cache/tracerl}")
+# Ray's token authentication stays on: the CLI reads the token from ~/.ray/auth_token (or
+# RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH), the job's driver inherits the cluster's settings.
+RUNTIME_ENV=$(printf '{"working_dir": ".", "excludes": [".venv", "runs", "outputs", "wandb", ".git"], "env_vars": {"WANDB_MODE": "%s", "TRACERL_CACHE": "%s"}}' \
+    "${WANDB_MODE:-offline}" "${TRACERL_CACHE:-$HOME/.cache/tracerl}")
 # shellcheck disable=SC2086
 exec "$(dirname "$PYTHON")/ray" job submit --address "$ADDRESS" --runtime-env-json "$RUNTIME_ENV" \
     ${SUBMIT_ARGS:-} -- "$PYTHON" scripts/train.py ray.address=auto "$@"

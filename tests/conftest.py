@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # Ray workers inherit the driver's environment: make `tests.*` importable there
 # (test-only harnesses live under tests/).
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PROMPT = "What is 3 + 4? Give the final answer as <answer>NUMBER</answer>."

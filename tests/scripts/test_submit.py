@@ -58,7 +58,7 @@ def wait_for_dashboard(url: str, timeout_s: float = 120.0) -> None:
 
 @pytest.mark.slow
 def test_submit_to_two_node_cluster(tmp_path):
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env = dict(os.environ)  # Ray's token auth on: the nodes and the CLI share ~/.ray/auth_token
     # short temp dirs: Ray's unix socket paths must stay under 107 bytes
     short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))
     gcs, dash = free_port(), free_port()

@@ -1,7 +1,6 @@
 """scripts/train.py from the command line: the smoke run, and clear errors for bad config."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def train(*args, timeout=900):
     return subprocess.run([sys.executable, "scripts/train.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+                          timeout=timeout)
 
 
 @pytest.mark.slow

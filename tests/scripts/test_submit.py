@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -44,13 +45,29 @@ def start(args, env, log):
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_for_dashboard(url: str, timeout_s: float = 120.0) -> None:
+def auth_token(env: dict) -> str:
+    """The token every node and the CLI use: made once per machine in ~/.ray/auth_token."""
+    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=60)
+    return (Path.home() / ".ray" / "auth_token").read_text().strip()
+
+
+def get(url: str, token: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:  # an answer: the server is up
+        return e.code
+
+
+def wait_for_dashboard(url: str, token: str, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            urllib.request.urlopen(url + "/api/version", timeout=2).read()
+            status = get(url, token)
+            assert status == 200, f"dashboard {url} answered {status} to an authenticated request"
             return
-        except OSError:
+        except urllib.error.URLError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(1)  # an external process coming up: nothing to block on
@@ -58,7 +75,9 @@ def wait_for_dashboard(url: str, timeout_s: float = 120.0) -> None:
 
 @pytest.mark.slow
 def test_submit_to_two_node_cluster(tmp_path):
-    env = dict(os.environ)  # Ray's token auth on: the nodes and the CLI share ~/.ray/auth_token
+    # Ray's token auth on, explicitly: `ray start` alone turns it on only where a token exists
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    token = auth_token(env)
     # short temp dirs: Ray's unix socket paths must stay under 107 bytes
     short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))
     gcs, dash = free_port(), free_port()
@@ -68,7 +87,8 @@ def test_submit_to_two_node_cluster(tmp_path):
                     f"--ray-client-server-port={free_port()}",
                     '--resources={"rollout_node": 1}'], env, logs)]
     try:
-        wait_for_dashboard(f"http://127.0.0.1:{dash}")
+        wait_for_dashboard(f"http://127.0.0.1:{dash}/api/version", token)
+        assert get(f"http://127.0.0.1:{dash}/api/version") == 401, "the dashboard must refuse a request without the token"
         nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={short / 'node2'}",
                             '--resources={"learner_node": 1}'], env, logs))
         run_dir = tmp_path / "run"

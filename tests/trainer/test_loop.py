@@ -57,7 +57,8 @@ def test_async_training_learns_within_staleness_bound(ray_cluster, tmp_path):
 
 @pytest.mark.slow
 def test_resume_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):
-    common = ["trainer.save_every=2", "eval.size=0", "trainer.groups_per_step=4"]
+    # One learner rank: the loop's resume is under test here (2-rank save/load: test_learner.py).
+    common = ["trainer.save_every=2", "eval.size=0", "trainer.groups_per_step=4", "learner.world_size=1"]
     straight = tmp_path / "straight"
     train(smoke_cfg(straight, "trainer.steps=4", *common))
     halves = tmp_path / "halves"

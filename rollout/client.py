@@ -21,7 +21,7 @@ import dataclasses
 import zlib
 from typing import Protocol
 
-from rollout.config import FROZEN_POLICY, SamplingConfig
+from rollout.config import SamplingConfig
 from rollout.engine import Completion
 from rollout.trace import Sequence
 
@@ -111,12 +111,14 @@ class Agent:
     """One harness role bound to one policy. Every call is recorded in the trace."""
 
     def __init__(self, role: str, policy: str, backend: Backend, chat_format: ChatFormat,
-                 recorder: TraceRecorder, sampling: SamplingConfig, seed: int | None = None):
+                 recorder: TraceRecorder, sampling: SamplingConfig, seed: int | None = None,
+                 trainable: bool = True):
         """`seed`: if set, every call samples with a seed derived from it, the trace id,
-        the role and the call's number, so a rollout can be replayed exactly."""
+        the role and the call's number, so a rollout can be replayed exactly. `trainable`:
+        whether `policy` is trained (recorded on every sequence)."""
         self.role = role
         self.policy = policy
-        self.trainable = policy != FROZEN_POLICY
+        self.trainable = trainable
         self.format = chat_format
         self._backend = backend
         self._recorder = recorder

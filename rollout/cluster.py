@@ -64,18 +64,20 @@ def await_started(actors: list, ready: list, timeout_s: float, what: str, resour
         raise
 
 
-def spawn_engines(model_path: str, model: ModelConfig, cfg: EngineConfig, policies: list[str],
-                  seed: int = 0) -> dict[str, list]:
-    """Start `cfg.num_engines` Engine actors per policy and wait until all of them are up."""
-    cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None)(Engine)
-    engines = {p: [cls.options(max_concurrency=1000).remote(
-        model_path, cfg, policy=p, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i)
-        for i in range(cfg.num_engines)] for p in policies}
+def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed: int = 0) -> dict[str, list]:
+    """Start every policy's engines at once — `policy: (model folder, model, engine settings)`,
+    `num_engines` Engine actors each, with that policy's Ray resources — and wait until all are up."""
+    engines, asks = {}, {}
+    for policy, (model_path, model, cfg) in pools.items():
+        cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None)(Engine)
+        engines[policy] = [cls.options(max_concurrency=1000).remote(
+            model_path, cfg, policy=policy, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i)
+            for i in range(cfg.num_engines)]
+        asks[policy] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources}
     # Surface a failed start (bad model, too little memory, no room to place it) here.
     everyone = [e for pool in engines.values() for e in pool]
-    await_started(everyone, [e.info.remote() for e in everyone], cfg.start_timeout_s,
-                  f"engines of policies {policies} (engine.start_timeout_s)",
-                  {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources})
+    await_started(everyone, [e.info.remote() for e in everyone], max(c.start_timeout_s for *_, c in pools.values()),
+                  f"engines of policies {sorted(pools)} (engine.start_timeout_s)", asks)
     return engines
 
 

@@ -20,8 +20,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from harnesses.base import TaskSource, load_harness, load_task_source
+from rollout.models import check_model
 
-FROZEN_POLICY = "frozen"  # roles mapped here are served by engines but never trained
+MAIN_POLICY, FROZEN_POLICY = "main", "frozen"  # the two policies every config has without a `policies:` section
 
 
 class Dtype(StrEnum):
@@ -68,6 +69,39 @@ class EngineConfig:
 
 
 @dataclass
+class PolicyConfig:
+    """One policy: a set of weights with its own engines (and, if trainable, its own learner ranks).
+    Each section overrides the top-level one of the same name, key by key; setting `model.name`
+    or `model.path` serves a different model (e.g. a bigger frozen judge)."""
+
+    trainable: bool = True  # False: served, never trained
+    model: dict[str, Any] = field(default_factory=dict)  # overrides of `model`
+    engine: dict[str, Any] = field(default_factory=dict)  # overrides of `engine`
+    learner: dict[str, Any] = field(default_factory=dict)  # overrides of `learner` (training only)
+
+
+# What `policies:` holds before the config adds to it: `main` trained from `model`, `frozen` the same model untrained.
+DEFAULT_POLICIES = {MAIN_POLICY: PolicyConfig(trainable=True), FROZEN_POLICY: PolicyConfig(trainable=False)}
+
+
+def override(base, overrides: dict[str, Any], key: str):
+    """A copy of the dataclass `base` with `overrides` applied, type-checked like a YAML value;
+    ValueError naming `key.<field>` for an unknown field or a bad value."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not overrides:
+        return base
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(base), dict(overrides)))
+    except OmegaConfBaseException as e:
+        field_name = getattr(e, "full_key", None) or ""
+        reason = str(e).splitlines()[0]
+        raise ValueError(f"{key}.{field_name}: {reason} (fields: {', '.join(f.name for f in dataclasses.fields(base))})"
+                         if field_name else f"{key}: {reason}") from None
+
+
+@dataclass
 class RolloutConfig:
     num_workers: int = 1  # RolloutWorker actors
     concurrency: int = 16  # harness episodes in flight per worker
@@ -111,8 +145,35 @@ class RolloutJobConfig:
     harness: HarnessConfig = field(default_factory=HarnessConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     ray: RayConfig = field(default_factory=RayConfig)
-    agents: dict[str, str] = field(default_factory=dict)  # role -> policy ("main" or "frozen")
+    # name -> PolicyConfig fields, added to DEFAULT_POLICIES; untyped so that hydra's `+policies.x.model.path=...`
+    # can add a policy key by key (each checked against PolicyConfig by validate())
+    policies: dict[str, Any] = field(default_factory=dict)
+    agents: dict[str, str] = field(default_factory=dict)  # role -> policy (a key of `policies`, "main" or "frozen")
     seed: int = 0  # tasks, every model call's sampling seed (with the trace id), torch
+
+    # ---- the policies the agents use, each resolved against the top-level sections -----
+    def policy_table(self) -> dict[str, PolicyConfig]:
+        base = {**DEFAULT_POLICIES}
+        return {**base, **{name: override(base.get(name, PolicyConfig()), dict(fields or {}), f"policies.{name}")
+                           for name, fields in self.policies.items()}}
+
+    def used_policies(self) -> list[str]:
+        """The policies some role is mapped to, sorted: the ones that get engines."""
+        return sorted(set(self.agents.values()))
+
+    def trainable_policies(self) -> list[str]:
+        table = self.policy_table()
+        return [p for p in self.used_policies() if p in table and table[p].trainable]
+
+    def policy_model(self, policy: str) -> ModelConfig:
+        overrides = dict(self.policy_table()[policy].model)
+        base = self.model
+        if "name" in overrides or "path" in overrides:  # another model: nothing of `model`'s identity carries over
+            base = dataclasses.replace(base, name=overrides.get("name", overrides.get("path")), path=None)
+        return override(base, overrides, f"policies.{policy}.model")
+
+    def policy_engine(self, policy: str) -> EngineConfig:
+        return override(self.engine, self.policy_table()[policy].engine, f"policies.{policy}.engine")
 
 
 @dataclass
@@ -139,15 +200,12 @@ def _check_task_source(task_json: str, seed: int) -> None:
 
 def validate(cfg: RolloutJobConfig) -> None:
     """Cross-field checks; raise ValueError naming the key(s) and the fix."""
-    s, e, r = cfg.sampling, cfg.engine, cfg.rollout
+    s, r = cfg.sampling, cfg.rollout
     checks = [
         (s.temperature >= 0, "sampling.temperature must be >= 0"),
         (0 < s.top_p <= 1, "sampling.top_p must be in (0, 1]"),
         (s.max_tokens > 0, "sampling.max_tokens must be > 0"),
         (s.n >= 1, "sampling.n must be >= 1"),
-        (s.max_tokens < cfg.model.max_model_len, "sampling.max_tokens must be < model.max_model_len"),
-        (e.num_engines >= 1, "engine.num_engines must be >= 1"),
-        (e.kv_cache_gb > 0, "engine.kv_cache_gb must be > 0"),
         (r.num_workers >= 1 and r.concurrency >= 1, "rollout.num_workers and rollout.concurrency must be >= 1"),
         (r.group_size >= 1, "rollout.group_size must be >= 1"),
         (r.timeout_s > 0, "rollout.timeout_s must be > 0"),
@@ -159,6 +217,7 @@ def validate(cfg: RolloutJobConfig) -> None:
     if missing:
         raise ValueError(f"agents: harness {cfg.harness.name!r} uses roles {missing} that are not mapped "
                          f"to a policy; add e.g. agents.{missing[0]}=main")
+    validate_policies(cfg)
     # The harness and task source import, and the options fit the harness's signature.
     harness = load_harness(cfg.harness._target_)
     try:
@@ -167,6 +226,32 @@ def validate(cfg: RolloutJobConfig) -> None:
         raise ValueError(f"harness.options={dict(cfg.harness.options)} do not fit harness {cfg.harness._target_!r}: "
                          f"{e}") from None
     _check_task_source(json.dumps(dataclasses.asdict(cfg.task), sort_keys=True, default=str), cfg.seed)
+
+
+def validate_policies(cfg: RolloutJobConfig) -> None:
+    """Every role maps to a defined policy, every defined policy serves a role, and each used
+    policy's model exists and its engine settings are sound."""
+    table = cfg.policy_table()
+    for role, policy in cfg.agents.items():
+        if policy not in table:
+            raise ValueError(f"agents.{role}={policy!r} is not a policy; define it, e.g. "
+                             f"+policies.{policy}.trainable=true, or use one of {sorted(table)}")
+    unused = sorted(set(cfg.policies) - set(cfg.agents.values()))
+    if unused:
+        raise ValueError(f"policies.{unused[0]} is used by no role; map one to it (e.g. "
+                         f"agents.{next(iter(cfg.agents), 'solver')}={unused[0]}) or remove it")
+    for policy in cfg.used_policies():
+        model, engine = cfg.policy_model(policy), cfg.policy_engine(policy)
+        where = f"policies.{policy}.model" if table[policy].model else "model"
+        try:
+            check_model(model.name, model.path)
+        except (FileNotFoundError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        if cfg.sampling.max_tokens >= model.max_model_len:
+            raise ValueError(f"sampling.max_tokens must be < {where}.max_model_len")
+        if engine.num_engines < 1 or engine.kv_cache_gb <= 0:
+            where = f"policies.{policy}.engine" if table[policy].engine else "engine"
+            raise ValueError(f"{where}.num_engines must be >= 1 and {where}.kv_cache_gb > 0")
 
 
 def register_configs() -> None:

@@ -23,7 +23,8 @@ from rollout.trace import Trace
 
 
 class RolloutFleet:
-    """One engine pool per policy the agents use, one TraceBuffer, `rollout.num_workers` workers."""
+    """One engine pool per policy the agents use (its own model and engine settings), one
+    TraceBuffer, `rollout.num_workers` workers."""
 
     def __init__(self, cfg: RolloutJobConfig):
         self.cfg = cfg
@@ -33,10 +34,10 @@ class RolloutFleet:
         self._inflight: dict[ray.ObjectRef, int] = {}  # RolloutWorker.run call -> worker index
         self._takes = 0  # buffer.get calls so far (numbers them, for buffer.interrupt)
         try:
-            model_path = resolve_model(cfg.model.name, cfg.model.path)
-            policies = sorted(set(cfg.agents.values()))
-            self.model_paths = {p: model_path for p in policies}  # policy -> HF folder (tokenizer)
-            self.engines = spawn_engines(model_path, cfg.model, cfg.engine, policies, seed=cfg.seed)
+            models = {p: cfg.policy_model(p) for p in cfg.used_policies()}
+            self.model_paths = {p: resolve_model(m.name, m.path) for p, m in models.items()}  # HF folders
+            self.engines = spawn_engines({p: (self.model_paths[p], m, cfg.policy_engine(p)) for p, m in models.items()},
+                                         seed=cfg.seed)
             infos = ray.get([pool[0].info.remote() for pool in self.engines.values()], timeout=60)
             self.vocab_sizes = {p: info["vocab_size"] for p, info in zip(self.engines, infos)}
             self.buffer = spawn_buffer(cfg.rollout.group_size, self.vocab_sizes)

@@ -34,19 +34,24 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TRACERL_CACHE", Path.home() / ".cache" / "tracerl"))
 
 
+def check_model(name: str, path: str | None = None) -> None:
+    """Raise (naming `path` or `name`) unless the model can be resolved; builds nothing."""
+    if path:
+        if not (Path(path).expanduser() / "config.json").exists():
+            raise FileNotFoundError(f"path={path!r} is not an HF model folder (no config.json)")
+    elif name not in BUILTIN_MODELS:
+        raise ValueError(f"name={name!r} is not built in ({', '.join(BUILTIN_MODELS)}); "
+                         f"set path to a local HF model folder instead")
+
+
 def resolve_model(name: str, path: str | None = None) -> str:
     """Return a local HF folder for a model name (building it if needed) or check a given path."""
+    check_model(name, path)
     if path:
-        p = Path(path).expanduser()
-        if not (p / "config.json").exists():
-            raise FileNotFoundError(f"model.path={path!r} is not an HF model folder (no config.json)")
-        return str(p)
+        return str(Path(path).expanduser())
     if name in ("tiny", "tiny_tied"):
         return str(build_tiny_model(tied=name == "tiny_tied"))
-    if name == "smollm2_135m":
-        return str(build_smollm2())
-    raise ValueError(f"model.name={name!r} is not built in ({', '.join(BUILTIN_MODELS)}); "
-                     f"set model.path to a local HF model folder instead")
+    return str(build_smollm2())
 
 
 def _publish(build_into, dest: Path) -> Path:

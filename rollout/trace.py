@@ -179,6 +179,14 @@ class Trace(msgspec.Struct, forbid_unknown_fields=True):
         return [s.trainable and self.status != "failed" and len(s.completion_ids) > 0
                 for s in self.sequences]
 
+    def only_policy(self, policy: str) -> Trace:
+        """This trace as `policy`'s learners see it: every other policy's sequences untrainable
+        (kept: they are context, and a role's presence counts for its baselines)."""
+        if all(s.policy == policy or not s.trainable for s in self.sequences):
+            return self
+        return msgspec.structs.replace(self, sequences=[
+            s if s.policy == policy else msgspec.structs.replace(s, trainable=False) for s in self.sequences])
+
     def check_vocab(self, vocab_sizes: dict[str, int]) -> None:
         """Raise TraceError naming the sequence whose ids fall outside its policy's vocabulary."""
         for i, s in enumerate(self.sequences):

@@ -37,6 +37,7 @@ class RolloutWorker:
         self.harness_options = dict(cfg.harness.options)
         self.tasks = make_task_source(cfg.task, seed=cfg.seed)
         self.agents = dict(cfg.agents)
+        self.trainable = {p: spec.trainable for p, spec in cfg.policy_table().items()}
         self.routers = {p: Router(e) for p, e in engines.items()}
         self.formats = {p: ChatFormat.from_pretrained(path) for p, path in model_paths.items()}
         unknown = {p for p in self.agents.values()} - set(self.routers)
@@ -53,7 +54,7 @@ class RolloutWorker:
         """Run the harness once on `task`; always returns a Trace (failed on any error)."""
         recorder = TraceRecorder(f"{group}#{sample}")
         agents = {role: Agent(role, policy, self.routers[policy], self.formats[policy], recorder,
-                              sampling or self.sampling, seed=self.seed)
+                              sampling or self.sampling, seed=self.seed, trainable=self.trainable[policy])
                   for role, policy in self.agents.items()}
         start = time.time()
         status, error, result = "ok", None, None

@@ -71,7 +71,7 @@ def engine(ray_cluster, tiny_path, engine_cfg):
     from rollout.cluster import spawn_engines
     from rollout.config import ModelConfig
 
-    [e] = spawn_engines(tiny_path, ModelConfig(name="tiny"), engine_cfg, ["main"])["main"]
+    [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), engine_cfg)})["main"]
     yield e
     ray.get(e.shutdown.remote())
     ray.kill(e)
@@ -131,7 +131,7 @@ def run_harness(engine, tiny_tokenizer):
         rec = TraceRecorder(f"t{task_index}")
         fmt = ChatFormat(tiny_tokenizer)
         agents = {r: Agent(r, "frozen" if r in frozen else "main", Router([engine]), fmt, rec,
-                           SamplingConfig(max_tokens=max_tokens), seed=7) for r in roles}
+                           SamplingConfig(max_tokens=max_tokens), seed=7, trainable=r not in frozen) for r in roles}
         result = as_result(asyncio.run(load_harness(target)(task, agents, **options)))
         return task, rec.sequences, result
 

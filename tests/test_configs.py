@@ -33,6 +33,10 @@ def test_every_option_composes_and_validates(entry, group, option):
     schema, validate = SCHEMAS[entry]
     cfg = compose(entry, [f"{group}={option}"])
     assert isinstance(cfg, schema)
+    if cfg.model.path and not Path(cfg.model.path, "config.json").exists():  # a GPU preset: no such folder here
+        with pytest.raises(ValueError, match=f"model: path='{cfg.model.path}' is not an HF model folder"):
+            validate(cfg)
+        return
     validate(cfg)
     assert set(cfg.harness.roles) <= set(cfg.agents)
     if group == "cluster" and option != "local":
@@ -139,3 +143,47 @@ def test_an_impossible_eval_size_fails_the_config_check():
     tiny_space = ["task.params.min_terms=2", "task.params.max_terms=2", "task.eval_size=250", "eval.size=250"]
     with pytest.raises(ValueError, match="only 200 distinct questions .* fewer than task.eval_size=250"):
         validate_train(compose("train", tiny_space))
+
+
+# ---- policies: several sets of weights in one run ----------------------------------------------
+
+def test_without_a_policies_section_main_is_trained_and_frozen_is_the_same_model_untrained():
+    cfg = compose("train", ["harness=solver_verifier", "agents.verifier=frozen"])
+    validate_train(cfg)
+    assert cfg.used_policies() == ["frozen", "main"] and cfg.trainable_policies() == ["main"]
+    assert cfg.policy_model("frozen") == cfg.policy_model("main") == cfg.model
+    assert cfg.policy_learner("main") == cfg.learner and cfg.policy_engine("frozen") == cfg.engine
+
+
+def test_each_policy_overrides_the_top_level_sections_key_by_key():
+    cfg = compose("train", ["harness=solver_verifier", "agents.verifier=critic", "+policies.critic.learner.lr=3e-4",
+                            "+policies.critic.engine.num_engines=2", "+policies.critic.model.name=tiny_tied"])
+    validate_train(cfg)
+    assert cfg.trainable_policies() == ["critic", "main"]
+    assert cfg.policy_learner("critic").lr == 3e-4 and cfg.policy_learner("main").lr == cfg.learner.lr
+    assert cfg.policy_learner("critic").world_size == cfg.learner.world_size  # the rest as the top level
+    assert cfg.policy_engine("critic").num_engines == 2 and cfg.policy_engine("main").num_engines == 1
+    # another model: its name, the top level's dtype and length
+    assert cfg.policy_model("critic").name == "tiny_tied" and cfg.policy_model("critic").path is None
+    assert cfg.policy_model("critic").max_model_len == cfg.model.max_model_len
+
+
+@pytest.mark.parametrize("overrides, msg", [
+    (["agents.verifier=critic"],
+     r"agents.verifier='critic' is not a policy; define it, e.g. \+policies.critic.trainable=true"),
+    (["+policies.critic.trainable=true"], r"policies.critic is used by no role; map one to it"),
+    (["agents.verifier=critic", "+policies.critic.model.path=/nowhere/x"],
+     r"policies.critic.model: path='/nowhere/x' is not an HF model folder"),
+    (["agents.verifier=critic", "+policies.critic.model.name=gpt5"], r"policies.critic.model: name='gpt5' is not built in"),
+    (["agents.verifier=critic", "+policies.critic.learner.lrr=1"], r"policies.critic.learner.lrr: Key 'lrr' not in"),
+    (["agents.verifier=critic", "+policies.critic.learner.lr=0"], r"policies.critic.learner.lr must be > 0"),
+    (["agents.verifier=critic", "+policies.critic.engine.num_gpus=lots"],
+     r"policies.critic.engine.num_gpus: Value 'lots' .* could not be converted to Float"),
+    (["agents.verifier=critic", "+policies.critic.trainabel=true"], r"policies.critic.trainabel: Key 'trainabel'"),
+    (["agents.verifier=judge", "+policies.judge.trainable=false", "+policies.judge.learner.lr=1e-4"],
+     r"policies.judge.learner is set but policy 'judge' is not trainable"),
+    (["agents.verifier=frozen", "agents.solver=frozen"], r"agents: no role is mapped to a trainable policy"),
+])
+def test_policy_config_errors_name_the_key_and_the_fix(overrides, msg):
+    with pytest.raises(ValueError, match=msg):
+        validate_train(compose("train", ["harness=solver_verifier", *overrides]))

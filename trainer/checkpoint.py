@@ -1,9 +1,11 @@
-"""Checkpoints: an HF-format policy folder (loadable by vLLM and transformers) + DeepSpeed state.
+"""Checkpoints: per trained policy an HF-format folder (loadable by vLLM and transformers) and
+its DeepSpeed state, and the loop's position.
 
     run_dir/checkpoints/step_000100/
-        hf/                  config.json, tokenizer files, model.safetensors  (the policy)
-        deepspeed/           DeepSpeed's own model / optimizer / scheduler state (resume)
-        trainer_state.json   the loop's step and the policy's weight version
+        <policy>/hf/         config.json, tokenizer files, model.safetensors  (the policy)
+        <policy>/deepspeed/  DeepSpeed's own model / optimizer / scheduler state (resume)
+        trainer_state.json   the step and each policy's weight version; written last, so a
+                             checkpoint without it is incomplete and never resumed from
 
 No RNG state is kept: tasks come from the step number, and every model call
 samples with a seed derived from (seed, trace id, role, call number).
@@ -43,25 +45,38 @@ def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> 
     return out
 
 
-def save(learners: LearnerGroup, base_model: str | Path, run_dir: str | Path, step: int, version: int) -> Path:
-    """Save both views of the policy and the loop's position at `step`; returns the checkpoint folder."""
-    d = step_dir(run_dir, step)
+def save_policy(learners: LearnerGroup, base_model: str | Path, run_dir: str | Path, step: int, policy: str) -> Path:
+    """Save both views of one policy's weights into step `step`'s checkpoint; returns its folder."""
+    d = step_dir(run_dir, step) / policy
     save_hf(learners, base_model, d / "hf")
     learners.save(str(d / "deepspeed"))
-    (d / "trainer_state.json").write_text(json.dumps({"step": step, "version": version}))
     return d
 
 
-def restore(learners: LearnerGroup, run_dir: str | Path) -> dict[str, int]:
-    """Load the newest checkpoint of `run_dir` into the learners; returns its {step, version}."""
+def finish(run_dir: str | Path, step: int, versions: dict[str, int]) -> Path:
+    """Mark step `step`'s checkpoint complete, with each policy's weight version (after save_policy of each)."""
+    d = step_dir(run_dir, step)
+    (d / "trainer_state.json").write_text(json.dumps({"step": step, "versions": versions}))
+    return d
+
+
+def newest_state(run_dir: str | Path) -> tuple[Path, dict]:
+    """The newest complete checkpoint of `run_dir`: its folder and {step, versions}."""
     d = latest(run_dir)
     if d is None:
         raise FileNotFoundError(f"trainer.resume={str(run_dir)!r}: no checkpoint under {run_dir}/checkpoints")
-    learners.load(str(d / "deepspeed"))
-    return json.loads((d / "trainer_state.json").read_text())
+    return d, json.loads((d / "trainer_state.json").read_text())
+
+
+def restore_policy(learners: LearnerGroup, checkpoint: Path, policy: str) -> None:
+    """Load `policy`'s DeepSpeed state from a checkpoint folder into its learners."""
+    if not (checkpoint / policy / "deepspeed").exists():
+        saved = sorted(p.name for p in checkpoint.iterdir() if p.is_dir())
+        raise FileNotFoundError(f"trainer.resume: {checkpoint} holds policies {saved}, not {policy!r}")
+    learners.load(str(checkpoint / policy / "deepspeed"))
 
 
 def latest(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint of a run, or None."""
-    done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "deepspeed").exists())
+    done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "trainer_state.json").exists())
     return done[-1] if done else None

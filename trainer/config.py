@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from rollout.config import FROZEN_POLICY, GenerateJobConfig, RolloutJobConfig
+from rollout.config import MAIN_POLICY, GenerateJobConfig, RolloutJobConfig, override
 from rollout.config import register_configs as register_rollout_configs
 from rollout.config import validate as validate_rollout
 from trainer.advantages import AdvantageConfig
@@ -71,16 +71,15 @@ class TrainJobConfig(RolloutJobConfig):
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     run_dir: str = "runs/default"  # resolved config, metrics.jsonl, checkpoints, summary.json
 
-    def trained_policy(self) -> str:
-        """The one policy the learners train: the roles' policy that is not frozen."""
-        [policy] = sorted({p for p in self.agents.values() if p != FROZEN_POLICY})
-        return policy
+    def policy_learner(self, policy: str) -> LearnerConfig:
+        """`learner` with `policies.<policy>.learner` applied: that policy's learner ranks."""
+        return override(self.learner, self.policy_table()[policy].learner, f"policies.{policy}.learner")
 
 
 def validate(cfg: TrainJobConfig) -> None:
     """Every cross-field check of the training job; raises ValueError naming the key(s)."""
     validate_rollout(cfg)
-    t, a, lr = cfg.trainer, cfg.algorithm, cfg.learner
+    t, a = cfg.trainer, cfg.algorithm
     checks = [
         (t.steps >= 1, "trainer.steps must be >= 1"),
         (t.groups_per_step >= 1, "trainer.groups_per_step must be >= 1"),
@@ -93,21 +92,27 @@ def validate(cfg: TrainJobConfig) -> None:
         (cfg.sampling.top_p == 1.0, "sampling.top_p must be 1.0 for training: the learner cannot "
                                     "reproduce a top-p-truncated behaviour distribution"),
         (a.advantage.eps >= 0, "algorithm.advantage.eps must be >= 0"),
-        (lr.lr > 0, "learner.lr must be > 0"),
-        (0 <= lr.zero_stage <= 3, "learner.zero_stage must be 0, 1, 2 or 3"),
-        (lr.world_size >= 1, "learner.world_size must be >= 1"),
         (cfg.eval.size >= 0, "eval.size must be >= 0"),
         (cfg.eval.size <= cfg.task.eval_size, f"eval.size={cfg.eval.size} is more than the task's "
                                               f"held-out set (task.eval_size={cfg.task.eval_size})"),
-        (any(p != FROZEN_POLICY for p in cfg.agents.values()),
-         f"agents: no role is mapped to a trainable policy (all are {FROZEN_POLICY!r}); map one to 'main'"),
+        (bool(cfg.trainable_policies()), f"agents: no role is mapped to a trainable policy (all map to "
+                                         f"{cfg.used_policies()}); map one to {MAIN_POLICY!r}"),
     ]
+    table = cfg.policy_table()
+    for policy in cfg.used_policies():
+        where = f"policies.{policy}.learner" if table[policy].learner else "learner"
+        if not table[policy].trainable:
+            if table[policy].learner:
+                raise ValueError(f"{where} is set but policy {policy!r} is not trainable; "
+                                 f"set policies.{policy}.trainable=true or drop {where}")
+            continue
+        lr = cfg.policy_learner(policy)
+        checks += [(lr.lr > 0, f"{where}.lr must be > 0"),
+                   (0 <= lr.zero_stage <= 3, f"{where}.zero_stage must be 0, 1, 2 or 3"),
+                   (lr.world_size >= 1, f"{where}.world_size must be >= 1")]
     for ok, msg in checks:
         if not ok:
             raise ValueError(msg)
-    trainable = sorted({p for p in cfg.agents.values() if p != FROZEN_POLICY})
-    if len(trainable) > 1:
-        raise ValueError(f"agents: only one trainable policy per run is supported for now; got {trainable}")
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

@@ -1,11 +1,12 @@
 """The training loop: rollout -> buffer -> advantages -> packing -> learners -> weight sync.
 
 Read `train(cfg)` top to bottom. It starts the rollout fleet (rollout/fleet.py),
-the trained policy's learners (trainer/policy.py) and the logger, evaluates,
-then per step: takes `groups_per_step` complete groups, drops traces more than
-`max_staleness` versions old, computes advantages per sequence, merges and
-packs, takes one optimizer step on the DeepSpeed ranks, pushes the new weights
-into the engines, logs, and every so often evaluates and checkpoints.
+each trainable policy's learners (trainer/policy.py) and the logger, evaluates,
+then per step: takes `groups_per_step` complete groups and, for each trained
+policy, leaves out traces more than `max_staleness` versions behind its clock,
+computes advantages per sequence, merges and packs its own sequences, takes one
+optimizer step on its DeepSpeed ranks and pushes the new weights into its
+engines; then logs, and every so often evaluates and checkpoints.
 
 Synchronous (`max_staleness=0`): the rollout of step k starts after the
 weights of step k-1 reach the engines. Asynchronous (`max_staleness=s`):
@@ -33,7 +34,8 @@ from rollout.fleet import RolloutFleet
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 from trainer.config import TrainJobConfig, validate
-from trainer.metrics import RunLogger, paired_comparison
+from trainer import checkpoint
+from trainer.metrics import RunLogger, paired_comparison, step_totals
 from trainer.policy import TrainedPolicy
 
 
@@ -45,14 +47,14 @@ def train(cfg: TrainJobConfig) -> dict:
     start_ray(cfg.ray)
 
     with ExitStack() as actors:
-        # ---- actors: the rollout fleet, the trained policy's learners, the logger --------
+        # ---- actors: the rollout fleet, each trained policy's learners, the logger -------
         fleet = actors.enter_context(RolloutFleet(cfg))
-        policy = actors.enter_context(TrainedPolicy(cfg, cfg.trained_policy(), fleet))
+        policies = {p: actors.enter_context(TrainedPolicy(cfg, p, fleet)) for p in cfg.trainable_policies()}
         logger = actors.enter_context(RunLogger(run_dir, cfg.logger.mode, cfg.logger.project, cfg.logger.name,
                                                 asdict(cfg), resume=bool(t.resume)))
 
         # ---- resume, and the held-out eval before training -----------------------------
-        start = policy.restore(t.resume) if t.resume else 0
+        start = restore(policies, t.resume) if t.resume else 0
         initial = final = evaluate(fleet, cfg, start)
         if initial:
             logger.log(start, trace_metrics(initial, "eval"))
@@ -60,16 +62,16 @@ def train(cfg: TrainJobConfig) -> dict:
         # ---- rollout ahead: up to max_staleness steps in flight, never more ------------
         for k in range(start, min(t.steps, start + 1 + t.max_staleness)):
             fleet.submit(step_tasks(k, t.groups_per_step))
-        dropped = 0
         for step in range(start, t.steps):
             t0 = time.perf_counter()
             traces = [tr for group in fleet.take(t.groups_per_step, t.rollout_timeout_s) for tr in group]
             t_wait = time.perf_counter() - t0
 
-            # ---- drop what is too stale; one optimizer step on the rest; sync weights --
-            fresh = [tr for tr in traces if policy.staleness(tr) <= t.max_staleness]
-            dropped += len(traces) - len(fresh)
-            m = {**trace_metrics(traces, "rollout"), **policy.train(fresh)}
+            # ---- per policy: leave out what is too stale, one optimizer step, sync -------
+            m = trace_metrics(traces, "rollout")
+            for policy in policies.values():
+                m.update(policy.train(traces, t.max_staleness))
+            m.update(step_totals(m, list(policies)))
 
             # ---- the engines have the new weights: the next rollout may start ----------
             if step + 1 + t.max_staleness < t.steps:
@@ -78,23 +80,21 @@ def train(cfg: TrainJobConfig) -> dict:
             # ---- log, evaluate, checkpoint ---------------------------------------------
             step_s = time.perf_counter() - t0
             m.update({"perf/rollout_wait_s": t_wait, "perf/step_s": step_s,
-                      "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s,
-                      "async/dropped_stale": float(dropped)})
+                      "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s})
             done = step + 1
             if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
                 final = evaluate(fleet, cfg, done)
                 m.update(trace_metrics(final, "eval") if final else {})
             if t.log_traces_every and done % t.log_traces_every == 0:
-                logger.traces(done, traces[:4], policy.format.decode)
+                logger.traces(done, traces[:4], next(iter(policies.values())).format.decode)
             logger.log(done, m)
-            logger.status(done, t.steps, m)
+            logger.status(done, t.steps, m, list(policies))
             if (t.save_every and done % t.save_every == 0) or done == t.steps:
-                policy.save(run_dir, done)
+                save(policies, run_dir, done)
 
         # ---- summary ---------------------------------------------------------------------
         summary = {**eval_summary(initial, final), "steps": t.steps, "start_step": start,
-                   "wall_s": round(time.time() - t_start, 1), "dropped_stale": dropped,
-                   **policy_summary(fleet, policy)}
+                   "wall_s": round(time.time() - t_start, 1), **policy_summary(fleet, policies)}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
     return summary
 
@@ -119,6 +119,25 @@ def step_tasks(step: int, groups_per_step: int) -> list[int]:
     """The task indices of `step`'s groups: a function of the step alone, so a resumed run
     sees the tasks the uninterrupted one would have."""
     return list(range(step * groups_per_step, (step + 1) * groups_per_step))
+
+
+def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int) -> None:
+    """One checkpoint of every trained policy at `step`, marked complete once all are written."""
+    for policy in policies.values():
+        policy.save(run_dir, step)
+    checkpoint.finish(run_dir, step, {p: policy.version for p, policy in policies.items()})
+
+
+def restore(policies: dict[str, TrainedPolicy], run_dir: str) -> int:
+    """Every trained policy from the newest complete checkpoint of `run_dir`; returns its step."""
+    ckpt, state = checkpoint.newest_state(run_dir)
+    missing = sorted(set(policies) - set(state["versions"]))
+    if missing:
+        raise ValueError(f"trainer.resume={run_dir!r}: {ckpt.name} has no policies {missing} "
+                         f"(it holds {sorted(state['versions'])})")
+    for p, policy in policies.items():
+        policy.restore(ckpt, state["versions"][p])
+    return state["step"]
 
 
 def evaluate(fleet: RolloutFleet, cfg: TrainJobConfig, step: int) -> list[Trace]:
@@ -150,9 +169,15 @@ def eval_summary(initial: list[Trace], final: list[Trace]) -> dict:
             "final_eval": trace_metrics(final, "eval") if final else {}}
 
 
-def policy_summary(fleet: RolloutFleet, policy: TrainedPolicy) -> dict:
-    """What the trained policy got (tokens, versions), and where the actors ran."""
+def policy_summary(fleet: RolloutFleet, policies: dict[str, TrainedPolicy]) -> dict:
+    """What each trained policy got (tokens, versions, stale traces left out), and where the actors ran."""
     infos = fleet.engine_infos()
-    return {"trainable_policies": [policy.name], "trained_tokens": policy.trained_tokens,
-            "version": policy.version, "engine_busy_s": sum(i["busy_s"] for i in infos if i["policy"] == policy.name),
-            "nodes": {"engines": [i["node_id"] for i in infos], "learners": policy.learners.node_ids}}
+    per_policy = {p: {**policy.summary(), "engine_nodes": [i["node_id"] for i in infos if i["policy"] == p],
+                      "engine_busy_s": sum(i["busy_s"] for i in infos if i["policy"] == p)}
+                  for p, policy in policies.items()}
+    return {"trainable_policies": list(policies), "policies": per_policy,
+            "trained_tokens": sum(v["trained_tokens"] for v in per_policy.values()),
+            "dropped_stale": sum(v["dropped_stale"] for v in per_policy.values()),
+            "engine_busy_s": sum(i["busy_s"] for i in infos),
+            "nodes": {"engines": [i["node_id"] for i in infos],
+                      "learners": [n for v in per_policy.values() for n in v["learner_nodes"]]}}

@@ -1,8 +1,9 @@
 """Metrics under their final names, and run logging: metrics.jsonl, wandb, one status line per step.
 
-Prefixes: `rollout/*` (this step's traces, rollout/stats.py, and their
-advantages), `train/*` (the optimizer step), `perf/*` (where the seconds go),
-`sync/*` (weight sync), `async/*` (staleness), `eval/*` (held-out runs).
+Prefixes: `rollout/*` (this step's traces, rollout/stats.py), `train/<policy>/*`
+(each trained policy's advantages and optimizer step), `perf/*` (where the
+seconds go), `sync/<policy>/*` (its weight sync), `async/<policy>/*` (its
+staleness and version), `eval/*` (held-out runs).
 """
 
 from __future__ import annotations
@@ -19,20 +20,31 @@ from rollout.view import build_view, render_sequence
 from trainer.advantages import advantage_stats
 
 
-def advantage_metrics(traces: list[Trace], advs: list[list[float]]) -> dict[str, float]:
-    """rollout/adv_{mean,std,min,max,count,frac_zero} over trainable sequences of ok traces."""
-    return {f"rollout/adv_{k}": v for k, v in advantage_stats(traces, advs).items()}
+def advantage_metrics(traces: list[Trace], advs: list[list[float]], policy: str) -> dict[str, float]:
+    """train/<policy>/adv_{mean,std,min,max,count,frac_zero} over its trainable sequences of ok traces."""
+    return {f"train/{policy}/adv_{k}": v for k, v in advantage_stats(traces, advs).items()}
 
 
-def train_metrics(stats: dict[str, float], packing: dict[str, float]) -> dict[str, float]:
-    """train/*: one optimizer step's learner sums (per token where it is a mean) and packing."""
+def train_metrics(stats: dict[str, float], packing: dict[str, float], policy: str) -> dict[str, float]:
+    """train/<policy>/*: one optimizer step's learner sums (per token where it is a mean) and packing."""
     tokens = max(stats["tokens"], 1.0)
-    return {"train/loss": stats["loss"], "train/grad_norm": stats["grad_norm"], "train/lr": stats["lr"],
-            "train/trained_tokens": stats["tokens"], "train/clip_frac": stats["clip_frac"] / tokens,
-            "train/ratio_mean": stats["ratio"] / tokens, "train/ratio_max": stats["ratio_max"],
-            "train/mismatch_kl": stats["mismatch_kl"] / tokens, "train/kl_ref": stats["kl_ref"] / tokens,
-            "train/entropy": stats["entropy"] / tokens, "train/merge_saving": packing["merge_saving"],
-            "train/padding_fraction": packing["padding_fraction"], "train/rows": packing["rows"]}
+    values = {"loss": stats["loss"], "grad_norm": stats["grad_norm"], "lr": stats["lr"],
+              "trained_tokens": stats["tokens"], "clip_frac": stats["clip_frac"] / tokens,
+              "ratio_mean": stats["ratio"] / tokens, "ratio_max": stats["ratio_max"],
+              "mismatch_kl": stats["mismatch_kl"] / tokens, "kl_ref": stats["kl_ref"] / tokens,
+              "entropy": stats["entropy"] / tokens, "merge_saving": packing["merge_saving"],
+              "padding_fraction": packing["padding_fraction"], "rows": packing["rows"]}
+    return {f"train/{policy}/{k}": v for k, v in values.items()}
+
+
+def step_totals(m: dict[str, float], policies: list[str]) -> dict[str, float]:
+    """The step's sums over the trained policies: perf/{train,sync}_s, train/trained_tokens,
+    perf/train_tokens_per_s (trained tokens per second of learner time) and async/dropped_stale."""
+    train_s = sum(m[f"perf/{p}/train_s"] for p in policies)
+    tokens = sum(m.get(f"train/{p}/trained_tokens", 0.0) for p in policies)
+    return {"perf/train_s": train_s, "perf/sync_s": sum(m[f"perf/{p}/sync_s"] for p in policies),
+            "train/trained_tokens": tokens, "perf/train_tokens_per_s": tokens / train_s if train_s else 0.0,
+            "async/dropped_stale": sum(m[f"async/{p}/dropped_stale"] for p in policies)}
 
 
 def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, float]:
@@ -108,11 +120,12 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
 
-    def status(self, step: int, steps: int, m: dict[str, float]) -> None:
+    def status(self, step: int, steps: int, m: dict[str, float], policies: list[str]) -> None:
         """One terminal line per step: the numbers a researcher watches."""
+        losses = [f"{p} " * (len(policies) > 1) + f"{m.get(f'train/{p}/loss', 0):+.4f}" for p in policies]
         parts = [f"step {step:>4}/{steps}",
                  f"reward {m.get('rollout/reward', 0):.3f}",
-                 f"loss {m.get('train/loss', 0):+.4f}",
+                 f"loss {' '.join(losses)}",
                  f"tok/s {m.get('perf/train_tokens_per_s', 0):7.1f}",
                  f"step {m.get('perf/step_s', 0):6.1f}s"]
         if "eval/reward" in m:

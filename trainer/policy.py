@@ -1,12 +1,16 @@
 """TrainedPolicy: one trained policy's bundle — its learner ranks, the weight sync to its
-engines, and its version clock.
+engines, and its version clock. A run has one per trainable policy.
 
-    with TrainedPolicy(cfg, "main", fleet) as policy:
-        metrics = policy.train(traces)   # advantages -> rows -> micro-batches -> one step -> sync
+    with TrainedPolicy(cfg, "solver", fleet) as policy:
+        metrics = policy.train(traces, max_staleness)   # its rows only -> one step -> sync
         policy.save(run_dir, step)
 
-The version counts optimizer steps; every sequence records the version of its
-policy's weights it was sampled from, so staleness is `version - sequence.version`.
+The version counts this policy's optimizer steps; every sequence records the
+version of its own policy's weights it was sampled from, so a trace's staleness
+for this policy is `version - min(sequence.version)` over this policy's sequences.
+A trace whose sequences come from several policies is trained by each of them
+on its own sequences only: the others are marked untrainable in this policy's
+view (Trace.only_policy), which leaves every advantage as it was.
 """
 
 from __future__ import annotations
@@ -31,13 +35,15 @@ from trainer.weight_sync import ObjectStoreSync
 class TrainedPolicy:
     def __init__(self, cfg: TrainJobConfig, name: str, fleet: RolloutFleet):
         self.cfg, self.name = cfg, name
+        self.learner_cfg = cfg.policy_learner(name)
         self.model_path = fleet.model_paths[name]
         self.format = ChatFormat.from_pretrained(self.model_path)
-        self.learners = LearnerGroup(self.model_path, cfg.learner, cfg.algorithm.loss, cfg.model.dtype,
-                                     cfg.seed, self.format.pad_id)
+        self.learners = LearnerGroup(self.model_path, self.learner_cfg, cfg.algorithm.loss,
+                                     cfg.policy_model(name).dtype, cfg.seed, self.format.pad_id)
         self.sync = ObjectStoreSync(self.learners, fleet.engines[name])
         self.version = 0  # optimizer steps taken = the engines' weight version
         self.trained_tokens = 0.0  # generated tokens trained on, this process
+        self.dropped_stale = 0  # traces this policy left out for staleness, this process
 
     def __enter__(self) -> TrainedPolicy:
         return self
@@ -46,41 +52,49 @@ class TrainedPolicy:
         self.learners.shutdown()
 
     def staleness(self, trace: Trace) -> int:
-        """How many versions behind the oldest trainable sequence of the trace is."""
-        versions = [s.version for s in trace.sequences if s.trainable]
+        """How many versions behind this policy's oldest trainable sequence in the trace is (0 if none)."""
+        versions = [s.version for s in trace.sequences if s.trainable and s.policy == self.name]
         return self.version - min(versions) if versions else 0
 
-    def train(self, traces: list[Trace]) -> dict[str, float]:
-        """Advantages per sequence, loss weights, exact-prefix rows, packed micro-batches, one
-        optimizer step, then the new weights to the engines as the next version. Returns
-        rollout/adv_*, train/*, sync/*, async/* and perf/{train,sync}_* metrics."""
-        a = self.cfg.algorithm
-        lags = [self.staleness(tr) for tr in traces] or [0]
-        advs = compute_advantages(traces, a.advantage)
-        weights = token_weights(traces, a.loss.normalization, a.loss.constant)
+    def train(self, traces: list[Trace], max_staleness: int) -> dict[str, float]:
+        """This policy's view of the traces; those more than `max_staleness` versions behind its clock
+        left out (counted); advantages per sequence, loss weights, exact-prefix rows of its own
+        sequences, packed micro-batches, one optimizer step, then the new weights to its engines as
+        the next version. Returns train/<policy>/*, sync/<policy>/* and async/<policy>/* metrics, and
+        perf/<policy>/{train,sync}_s."""
+        a, p = self.cfg.algorithm, self.name
+        lags = [self.staleness(tr) for tr in traces]
+        mine = [tr.only_policy(p) for tr, lag in zip(traces, lags) if lag <= max_staleness]
+        self.dropped_stale += len(traces) - len(mine)
+        advs = compute_advantages(mine, a.advantage)
+        weights = token_weights(mine, a.loss.normalization, a.loss.constant)
         # A zero-advantage row has zero gradient unless a KL term pulls on it.
-        rows = build_rows(traces, advs, weights, merge=a.merge_prefixes, skip_zero_advantage=a.loss.kl_coef == 0)
-        batches = pack(rows, self.cfg.learner.micro_batch_tokens, self.format.pad_id)
-        m = advantage_metrics(traces, advs)
+        rows = build_rows(mine, advs, weights, merge=a.merge_prefixes, skip_zero_advantage=a.loss.kl_coef == 0)
+        batches = pack(rows, self.learner_cfg.micro_batch_tokens, self.format.pad_id)
+        m = advantage_metrics(mine, advs, p)
         t0 = time.perf_counter()
         if batches:
-            m.update(train_metrics(self.learners.train_step(batches), packing_stats(rows, batches)))
-            self.trained_tokens += m["train/trained_tokens"]
+            m.update(train_metrics(self.learners.train_step(batches), packing_stats(rows, batches), p))
+            self.trained_tokens += m[f"train/{p}/trained_tokens"]
         train_s = time.perf_counter() - t0
         self.version += 1
         synced = self.sync.push(self.version)
-        m.update({"perf/train_s": train_s, "perf/train_tokens_per_s": m.get("train/trained_tokens", 0.0) / train_s,
-                  "perf/sync_s": synced["seconds"], "sync/seconds": synced["seconds"],
-                  "sync/bytes_per_s": synced["bytes_per_s"], "async/staleness_mean": float(np.mean(lags)),
-                  "async/staleness_max": float(max(lags)), "async/version": float(self.version)})
+        m.update({f"perf/{p}/train_s": train_s, f"perf/{p}/sync_s": synced["seconds"],
+                  f"sync/{p}/seconds": synced["seconds"], f"sync/{p}/bytes_per_s": synced["bytes_per_s"],
+                  f"async/{p}/staleness_mean": float(np.mean(lags or [0])),
+                  f"async/{p}/staleness_max": float(max(lags or [0])), f"async/{p}/version": float(self.version),
+                  f"async/{p}/dropped_stale": float(self.dropped_stale)})
         return m
 
     def save(self, run_dir: Path, step: int) -> None:
-        checkpoint.save(self.learners, self.model_path, run_dir, step, self.version)
+        checkpoint.save_policy(self.learners, self.model_path, run_dir, step, self.name)
 
-    def restore(self, run_dir: str) -> int:
-        """Load the newest checkpoint of `run_dir` and push its weights to the engines; returns its step."""
-        state = checkpoint.restore(self.learners, run_dir)
-        self.version = state["version"]
+    def restore(self, ckpt: Path, version: int) -> None:
+        """Load this policy's state from checkpoint folder `ckpt` and push it to the engines as `version`."""
+        checkpoint.restore_policy(self.learners, ckpt, self.name)
+        self.version = version
         self.sync.push(self.version)
-        return state["step"]
+
+    def summary(self) -> dict:
+        return {"trained_tokens": self.trained_tokens, "version": self.version, "dropped_stale": self.dropped_stale,
+                "learner_nodes": self.learners.node_ids}

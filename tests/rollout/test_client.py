@@ -11,10 +11,10 @@ from rollout.config import SamplingConfig
 from rollout.router import Router
 
 
-def make_agent(engine, tok, role="solver", policy="main", recorder=None, max_tokens=12):
+def make_agent(engine, tok, role="solver", policy="main", recorder=None, max_tokens=12, trainable=True):
     recorder = recorder or TraceRecorder("trace-0")
     return Agent(role, policy, Router([engine]), ChatFormat(tok), recorder,
-                 SamplingConfig(max_tokens=max_tokens)), recorder
+                 SamplingConfig(max_tokens=max_tokens), trainable=trainable), recorder
 
 
 def test_conversation_prompts_extend_previous_turns_exactly(engine, tiny_tokenizer):
@@ -48,7 +48,7 @@ def test_conversation_prompts_extend_previous_turns_exactly(engine, tiny_tokeniz
 def test_every_call_is_recorded_with_role_policy_version(engine, tiny_tokenizer):
     rec = TraceRecorder("trace-1")
     solver, _ = make_agent(engine, tiny_tokenizer, "solver", "main", rec)
-    judge, _ = make_agent(engine, tiny_tokenizer, "judge", "frozen", rec)
+    judge, _ = make_agent(engine, tiny_tokenizer, "judge", "frozen", rec, trainable=False)
 
     async def run():
         a = await solver.chat("hello")

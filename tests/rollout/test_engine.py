@@ -78,7 +78,7 @@ def test_update_weights_tied_embeddings(ray_cluster, tiny_tied_path, engine_cfg)
     model = AutoModelForCausalLM.from_pretrained(tiny_tied_path, dtype=torch.float32).eval()
     assert model.config.tie_word_embeddings
     tok = AutoTokenizer.from_pretrained(tiny_tied_path)
-    [e] = spawn_engines(tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg, ["main"])["main"]
+    [e] = spawn_engines({"main": (tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg)})["main"]
     try:
         check_update_weights(e, model, tok)
     finally:

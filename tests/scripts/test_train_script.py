@@ -33,12 +33,13 @@ def test_smoke_experiment_learns_in_sync_mode(tmp_path):
     assert "[train] step   20/20" in proc.stdout
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     last = json.loads(lines[-1])
-    for key in ("rollout/reward", "train/loss", "train/clip_frac", "train/mismatch_kl", "train/entropy",
-                "train/grad_norm", "perf/train_tokens_per_s", "sync/seconds", "async/staleness_max"):
+    for key in ("rollout/reward", "train/main/loss", "train/main/clip_frac", "train/main/mismatch_kl",
+                "train/main/entropy", "train/main/grad_norm", "train/trained_tokens", "perf/train_tokens_per_s",
+                "sync/main/seconds", "async/main/staleness_max"):
         assert key in last, key
-    assert last["async/staleness_max"] == 0  # synchronous: every trained token from current weights
+    assert last["async/main/staleness_max"] == 0  # synchronous: every trained token from current weights
     assert (tmp_path / "config.yaml").exists()
-    assert (tmp_path / "checkpoints/step_000020/hf/model.safetensors").exists()
+    assert (tmp_path / "checkpoints/step_000020/main/hf/model.safetensors").exists()
 
 
 @pytest.mark.parametrize("override, message", [

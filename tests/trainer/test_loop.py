@@ -8,8 +8,6 @@ so a rising held-out reward shows the whole loop closes.
 import json
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from rollout.trace import Sequence, Trace, read_jsonl
 from tests.conftest import read_metrics as metrics
@@ -45,41 +43,14 @@ def test_async_training_learns_within_staleness_bound(ray_cluster, tmp_path):
     summary = train(smoke_cfg(tmp_path, "trainer.max_staleness=1", "trainer.steps=20"))
     assert summary["initial_eval_reward"] < 0.3
     assert summary["final_eval_reward"] > 0.6, summary
-    steps = [m for m in metrics(tmp_path) if "async/staleness_max" in m]
+    steps = [m for m in metrics(tmp_path) if "async/main/staleness_max" in m]
     assert len(steps) == 20
-    assert all(m["async/staleness_max"] <= 1 for m in steps)
-    assert any(m["async/staleness_max"] == 1 for m in steps), "rollout must actually overlap training"
+    assert all(m["async/main/staleness_max"] <= 1 for m in steps)
+    assert any(m["async/main/staleness_max"] == 1 for m in steps), "rollout must actually overlap training"
     # Back-pressure: a batch is submitted only once the weights it may lag are out, so only a
     # group overtaken by the next step's can come in too stale (dropped, counted).
     assert summary["dropped_stale"] == steps[-1]["async/dropped_stale"]
     assert summary["dropped_stale"] < 0.25 * 20 * 64, summary["dropped_stale"]
-
-
-@pytest.mark.slow
-def test_resume_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):
-    # One learner rank: the loop's resume is under test here (2-rank save/load: test_learner.py).
-    common = ["trainer.save_every=2", "eval.size=0", "trainer.groups_per_step=4", "learner.world_size=1"]
-    straight = tmp_path / "straight"
-    train(smoke_cfg(straight, "trainer.steps=4", *common))
-    halves = tmp_path / "halves"
-    train(smoke_cfg(halves, "trainer.steps=2", *common))
-    summary = train(smoke_cfg(halves, "trainer.steps=4", f"trainer.resume={halves}", *common))
-    assert summary["start_step"] == 2
-    a = load_file(straight / "checkpoints/step_000004/hf/model.safetensors")
-    b = load_file(halves / "checkpoints/step_000004/hf/model.safetensors")
-    assert a.keys() == b.keys()
-    first = load_file(halves / "checkpoints/step_000002/hf/model.safetensors")
-    moved = max((first[k] - b[k]).abs().max().item() for k in b)
-    assert moved > 1e-3, "the resumed half must train"
-    # Not bit-identical: vLLM's log-probs vary in the last bits with batch composition, which
-    # two uninterrupted runs already show (~1e-5 after 4 steps). Far below what training moves.
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=1e-4, rtol=0), k
-    # the same tasks and samples, step by step: the data position and the weights resumed
-    rewards = {m["step"]: m["rollout/reward"] for m in metrics(straight) if "rollout/reward" in m}
-    resumed = {m["step"]: m["rollout/reward"] for m in metrics(halves) if "rollout/reward" in m}
-    assert rewards.keys() == resumed.keys()
-    assert all(abs(rewards[k] - resumed[k]) < 1e-9 for k in rewards)
 
 
 @pytest.mark.slow
@@ -93,7 +64,7 @@ def test_selfplay_against_a_frozen_player_trains_on_per_agent_rewards(ray_cluste
     steps = [m for m in metrics(tmp_path) if "rollout/reward/player_a" in m]
     assert len(steps) == 2
     for m in steps:
-        assert m["rollout/reward"] == 0.0 and m["rollout/failed"] == 0 and m["rollout/adv_count"] > 0
+        assert m["rollout/reward"] == 0.0 and m["rollout/failed"] == 0 and m["train/main/adv_count"] > 0
     assert summary["trained_tokens"] > 0
     # zero-sum per agent: +1 for the winner, -1 for the loser (of those who moved)
     evals = list(read_jsonl(tmp_path / "eval/step_2.jsonl"))

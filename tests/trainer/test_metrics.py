@@ -6,7 +6,8 @@ import json
 import pytest
 
 from rollout.trace import Sequence, Trace
-from trainer.metrics import RunLogger, advantage_metrics, paired_comparison, trace_table, train_metrics
+from trainer.metrics import (RunLogger, advantage_metrics, paired_comparison, step_totals, trace_table,
+                             train_metrics)
 
 
 def decode(ids):
@@ -67,14 +68,22 @@ def test_paired_comparison_counts_a_repeated_question_once():
     assert got == {"questions": 2, "left_out_failed": 0, "better": 2, "worse": 0, "sign_test_p": 0.5}
 
 
-def test_advantage_and_train_metrics_are_named_and_averaged():
-    m = advantage_metrics([reward_trace(1.0), reward_trace(0.0)], [[0.5], [-0.5]])
-    assert m == {"rollout/adv_mean": 0.0, "rollout/adv_std": 0.5, "rollout/adv_min": -0.5, "rollout/adv_max": 0.5,
-                 "rollout/adv_count": 2.0, "rollout/adv_frac_zero": 0.0}
+def test_advantage_and_train_metrics_are_named_by_policy_and_averaged():
+    m = advantage_metrics([reward_trace(1.0), reward_trace(0.0)], [[0.5], [-0.5]], "solver")
+    assert m == {"train/solver/adv_mean": 0.0, "train/solver/adv_std": 0.5, "train/solver/adv_min": -0.5,
+                 "train/solver/adv_max": 0.5, "train/solver/adv_count": 2.0, "train/solver/adv_frac_zero": 0.0}
     stats = {"loss": 0.3, "grad_norm": 2.0, "lr": 1e-5, "tokens": 4.0, "clip_frac": 1.0, "ratio": 4.4,
              "ratio_max": 1.3, "mismatch_kl": 0.02, "kl_ref": 0.0, "entropy": 8.0}
-    t = train_metrics(stats, {"merge_saving": 0.25, "padding_fraction": 0.1, "rows": 3.0})
+    t = train_metrics(stats, {"merge_saving": 0.25, "padding_fraction": 0.1, "rows": 3.0}, "solver")
     # sums over trained tokens become per-token means; maxima and counts stay as they are
-    assert t["train/clip_frac"] == 0.25 and t["train/ratio_mean"] == pytest.approx(1.1)
-    assert t["train/entropy"] == 2.0 and t["train/ratio_max"] == 1.3 and t["train/trained_tokens"] == 4.0
-    assert t["train/merge_saving"] == 0.25 and t["train/rows"] == 3.0
+    assert t["train/solver/clip_frac"] == 0.25 and t["train/solver/ratio_mean"] == pytest.approx(1.1)
+    assert t["train/solver/entropy"] == 2.0 and t["train/solver/ratio_max"] == 1.3
+    assert t["train/solver/trained_tokens"] == 4.0
+    assert t["train/solver/merge_saving"] == 0.25 and t["train/solver/rows"] == 3.0
+
+
+def test_step_totals_sum_over_policies():
+    m = {"perf/a/train_s": 2.0, "perf/b/train_s": 3.0, "perf/a/sync_s": 0.5, "perf/b/sync_s": 0.25,
+         "train/a/trained_tokens": 40.0, "async/a/dropped_stale": 1.0, "async/b/dropped_stale": 2.0}
+    assert step_totals(m, ["a", "b"]) == {"perf/train_s": 5.0, "perf/sync_s": 0.75, "train/trained_tokens": 40.0,
+                                          "perf/train_tokens_per_s": 8.0, "async/dropped_stale": 3.0}

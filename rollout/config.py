@@ -85,15 +85,19 @@ DEFAULT_POLICIES = {MAIN_POLICY: PolicyConfig(trainable=True), FROZEN_POLICY: Po
 
 
 def override(base, overrides: dict[str, Any], key: str):
-    """A copy of the dataclass `base` with `overrides` applied, type-checked like a YAML value;
-    ValueError naming `key.<field>` for an unknown field or a bad value."""
+    """A copy of the dataclass `base` with each field in `overrides` replaced (a dict value, e.g.
+    `resources`, replaces the whole dict), type-checked like a YAML value; ValueError naming
+    `key.<field>` for an unknown field or a bad value."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if not overrides:
         return base
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(base), dict(overrides)))
+        conf = OmegaConf.structured(base)
+        for name, value in overrides.items():
+            conf[name] = value
+        return OmegaConf.to_object(conf)
     except OmegaConfBaseException as e:
         field_name = getattr(e, "full_key", None) or ""
         reason = str(e).splitlines()[0]

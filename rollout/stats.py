@@ -20,11 +20,11 @@ def agent_means(traces: list[Trace]) -> dict[str, float]:
 
 
 def trace_metrics(traces: list[Trace], prefix: str) -> dict[str, float]:
-    """`<prefix>/reward` (mean), `success` (share with reward >= 1), `failed` and `truncated`
-    (counts), `sequences_per_trace`, `agents_per_trace`, `generated_tokens` (sum), and
+    """`<prefix>/traces` (count), `reward` (mean), `success` (share with reward >= 1), `failed`
+    and `truncated` (counts), `sequences_per_trace`, `agents_per_trace`, `generated_tokens` (sum), and
     `<prefix>/reward/<role>` for harnesses with per-agent rewards. Means are 0.0 for no traces."""
     n = max(len(traces), 1)
-    m = {f"{prefix}/reward": sum(t.reward for t in traces) / n,
+    m = {f"{prefix}/traces": float(len(traces)), f"{prefix}/reward": sum(t.reward for t in traces) / n,
          f"{prefix}/success": sum(t.reward >= 1.0 for t in traces) / n,
          f"{prefix}/failed": float(sum(t.status == "failed" for t in traces)),
          f"{prefix}/truncated": float(sum(t.status == "truncated" for t in traces)),

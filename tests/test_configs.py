@@ -168,6 +168,14 @@ def test_each_policy_overrides_the_top_level_sections_key_by_key():
     assert cfg.policy_model("critic").max_model_len == cfg.model.max_model_len
 
 
+def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
+    cfg = compose("train", ["cluster=two_node_cpu", "harness=solver_verifier", "agents.verifier=critic",
+                            "+policies.critic.engine.resources={critic_node: 0.5}"])
+    validate_train(cfg)
+    assert cfg.policy_engine("critic").resources == {"critic_node": 0.5}, "replaced, not merged"
+    assert cfg.policy_engine("main").resources == {"rollout_node": 0.5}
+
+
 @pytest.mark.parametrize("overrides, msg", [
     (["agents.verifier=critic"],
      r"agents.verifier='critic' is not a policy; define it, e.g. \+policies.critic.trainable=true"),

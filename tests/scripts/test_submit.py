@@ -1,8 +1,10 @@
 """A two-node Ray cluster on this machine, the job submitted with scripts/submit.sh.
 
-The head and a second node each get their own temp dir, ports and a custom
-resource; the cluster preset puts the engine on the head and the learner ranks
-on the second node. The test stops only the processes it started.
+The head and a second node each get their own temp dir, ports and custom
+resources. Two trained policies: the cluster preset puts `main`'s engine on the
+head and its learner ranks on the second node; `critic` asks for a resource only
+the second node has, so its engine and learner rank go there. The test stops
+only the processes it started.
 """
 
 import json
@@ -90,12 +92,14 @@ def test_submit_to_two_node_cluster(tmp_path):
         wait_for_dashboard(f"http://127.0.0.1:{dash}/api/version", token)
         assert get(f"http://127.0.0.1:{dash}/api/version") == 401, "the dashboard must refuse a request without the token"
         nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={short / 'node2'}",
-                            '--resources={"learner_node": 1}'], env, logs))
+                            '--resources={"learner_node": 1, "critic_node": 1}'], env, logs))
         run_dir = tmp_path / "run"
         for _ in range(24):  # the head's job agent starts a little after its dashboard
             proc = subprocess.run(
                 ["bash", "scripts/submit.sh", "experiment=smoke", "cluster=two_node_cpu", "trainer.steps=2",
-                 "eval.size=4", f"run_dir={run_dir}"],
+                 "eval.size=4", f"run_dir={run_dir}", "harness=solver_verifier", "agents.verifier=critic",
+                 "+policies.critic.engine.resources={critic_node:0.5}", "+policies.critic.learner.world_size=1",
+                 "+policies.critic.learner.resources={critic_node:0.25}"],
                 cwd=ROOT, env={**env, "RAY_ADDRESS": f"http://127.0.0.1:{dash}"}, capture_output=True,
                 text=True, timeout=900)
             if "No available agent to submit job" not in proc.stderr:
@@ -104,9 +108,12 @@ def test_submit_to_two_node_cluster(tmp_path):
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         assert "succeeded" in proc.stdout + proc.stderr
         summary = json.loads((run_dir / "summary.json").read_text())
-        engines, learners = summary["nodes"]["engines"], summary["nodes"]["learners"]
-        assert len(learners) == 2 and len(set(learners)) == 1
-        assert set(engines).isdisjoint(learners), "engines on the head, learner ranks on node 2"
+        main, critic = summary["policies"]["main"], summary["policies"]["critic"]
+        [head] = main["engine_nodes"]
+        assert len(main["learner_nodes"]) == 2 and set(main["learner_nodes"]) != {head}, "main's ranks on node 2"
+        [node2] = set(main["learner_nodes"])
+        assert critic["engine_nodes"] == [node2] and critic["learner_nodes"] == [node2], "critic on node 2"
+        assert main["trained_tokens"] > 0 and critic["trained_tokens"] > 0 and critic["version"] == 2
     finally:
         for p in reversed(nodes):
             os.killpg(p.pid, signal.SIGTERM)

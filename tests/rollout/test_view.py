@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from rollout.trace import Sequence, Trace
@@ -127,3 +128,15 @@ def test_module_imports_no_ray_vllm_or_torch(tiny_path):
     out = subprocess.run([sys.executable, "-c", code, tiny_path], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_two_trainable_policies_show_their_policy_and_version(chat, decode):
+    """Solver on `main` v3, verifier on its own trainable policy `critic` v1: each card names its
+    policy and version, and both are trained (only the frozen judge is masked)."""
+    seqs = list(chat.sequences)
+    seqs[1] = msgspec.structs.replace(seqs[1], policy="critic", version=1)
+    view = build_view(msgspec.structs.replace(chat, sequences=seqs), decode)
+    assert [(s.policy, s.version, s.trained) for s in view.sequences] == [
+        ("main", 2, True), ("critic", 1, True), ("main", 3, True), ("frozen", 0, False)]
+    assert "policy <b>critic</b> v1" in render_sequence(view, 1)
+    assert "policy <b>main</b> v3" in render_sequence(view, 2)

@@ -131,6 +131,10 @@ def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int) -> None:
 def restore(policies: dict[str, TrainedPolicy], run_dir: str) -> int:
     """Every trained policy from the newest complete checkpoint of `run_dir`; returns its step."""
     ckpt, state = checkpoint.newest_state(run_dir)
+    if "versions" not in state:
+        raise ValueError(f"trainer.resume={run_dir!r}: {ckpt} is in the one-policy layout of older tracerl "
+                         f"versions (hf/ and deepspeed/ at its top); move them into {ckpt}/main/ and write "
+                         f'"versions": {{"main": {state.get("version")}}} into its trainer_state.json')
     missing = sorted(set(policies) - set(state["versions"]))
     if missing:
         raise ValueError(f"trainer.resume={run_dir!r}: {ckpt.name} has no policies {missing} "

@@ -119,6 +119,7 @@ class RolloutFleet:
             self.worker_restarts += 1
             print(f"[rollout] worker {worker} died ({type(e).__name__}); running its unfinished groups again",
                   flush=True)
+            wait_until_restarted(self.workers[worker].stats, 300.0)
             self._inflight[self.workers[worker].run.remote(tasks, rerun=True)] = (worker, tasks)
         except Exception as e:
             raise RuntimeError(f"rollout worker {worker} failed: {e}") from e
@@ -179,11 +180,8 @@ class RolloutFleet:
               f"engine.health_timeout_s={cfg.health_timeout_s}: restarting it", flush=True)
         self.hung_restarts += 1
         ray.kill(engine, no_restart=False)
-        try:
-            ray.get(engine.info.remote(), timeout=cfg.start_timeout_s)
-        except Exception as e:  # out of restarts, or it cannot start: its requests fail and name it
-            print(f"[rollout] engine {index} of policy {policy!r} did not come back: {type(e).__name__}: {e}",
-                  flush=True)
+        time.sleep(1.0)  # let Ray see it die before asking for it
+        wait_until_restarted(engine.info, cfg.start_timeout_s)  # a slow start is not a hang
 
     # ---------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
@@ -207,3 +205,17 @@ def actor_state(actor) -> str:
         return state.actors(actor_id=actor._actor_id.hex())["State"]
     except Exception:
         return "ALIVE"
+
+
+def wait_until_restarted(method, timeout_s: float) -> None:
+    """Call an actor's `method` until it answers, up to `timeout_s`: while Ray restarts a dead actor,
+    calls to it fail at once (ActorUnavailableError). Returns early if it is dead for good."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(method.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+            return
+        except ray.exceptions.ActorUnavailableError:
+            time.sleep(1.0)
+        except Exception:
+            return

@@ -10,7 +10,7 @@ worker runs that episode again (rollout.retries) instead of hanging it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import time
 import zlib
 
 import ray
@@ -50,9 +50,20 @@ class Router:
             raise EngineError(f"engine {self.index(key)} of policy {self.policy!r} did not answer a request "
                               f"within engine.request_timeout_s={self.timeout_s}") from None
         except ray.exceptions.RayActorError as e:
-            # Ray restarts it: wait until it answers (or cannot), so the retried episode finds it up.
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.wrap_future(self.pick(key).info.remote().future()),
-                                       self.restart_timeout_s)
+            await self.wait_until_back(self.pick(key))
             raise EngineError(f"engine {self.index(key)} of policy {self.policy!r} died during a request "
                               f"({type(e).__name__})") from None
+
+    async def wait_until_back(self, engine) -> None:
+        """Wait (up to restart_timeout_s) until Ray has restarted a dead engine, so that the retried
+        episode finds it up: while it restarts, calls fail at once (ActorUnavailableError)."""
+        deadline = time.monotonic() + self.restart_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(engine.info.remote().future()),
+                                       max(deadline - time.monotonic(), 0.1))
+                return
+            except ray.exceptions.ActorUnavailableError:
+                await asyncio.sleep(1.0)
+            except Exception:  # dead for good (out of restarts), or past the deadline
+                return

@@ -54,7 +54,8 @@ def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state = {}
-    for bucket in learners.collect("export_weights", [learners.export_weights()]):
+    [buckets] = learners.collect("export_weights", [learners.export_weights()])
+    for bucket in buckets:
         state.update(load(bucket))
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     for name in _HF_FILES:

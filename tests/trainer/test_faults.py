@@ -144,7 +144,7 @@ def test_a_run_survives_a_killed_engine_a_killed_worker_and_a_hung_engine(ray_cl
     of the frozen policy's engine in step 4: Ray restarts the first two, the watchdog finds the
     third hung and has it restarted; the episodes they cut short run again. Every step still
     trains exactly its groups, none failed, and the restarted engine samples from the learner's
-    weights (the learner/engine mismatch stays at float noise, as it would not if it served the
+    weights (the importance ratio stays at 1 to float noise, as it would not if it served the
     base model)."""
     steps, hit = 5, []
 
@@ -181,4 +181,6 @@ def test_a_run_survives_a_killed_engine_a_killed_worker_and_a_hung_engine(ray_cl
     restarts = [m["rollout/engine_restarts"] for m in rows]
     assert restarts[0] == 0 and restarts[1] == 1 and restarts[-1] == 2, restarts
     assert summary["worker_restarts"] == 1
-    assert max(m["train/main/mismatch_kl"] for m in rows) < 1e-4, [m["train/main/mismatch_kl"] for m in rows]
+    # the engine's behaviour log-probs are the learner's to float noise at every step (base weights
+    # served after a restart would put the importance ratio far from 1 at these learning rates)
+    assert max(abs(m["train/main/ratio_max"] - 1) for m in rows) < 1e-3, [m["train/main/ratio_max"] for m in rows]

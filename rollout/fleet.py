@@ -113,13 +113,13 @@ class RolloutFleet:
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            if self.worker_restarts >= self.cfg.rollout.max_worker_restarts:
-                raise RuntimeError(f"rollout worker {worker} died and the run is out of worker restarts "
-                                   f"(rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): {e}") from e
+            if not wait_until_restarted(self.workers[worker].stats, 300.0):
+                raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it "
+                                   f"(killed for good, or past rollout.max_worker_restarts="
+                                   f"{self.cfg.rollout.max_worker_restarts}): {e}") from e
             self.worker_restarts += 1
             print(f"[rollout] worker {worker} died ({type(e).__name__}); running its unfinished groups again",
                   flush=True)
-            wait_until_restarted(self.workers[worker].stats, 300.0)
             self._inflight[self.workers[worker].run.remote(tasks, rerun=True)] = (worker, tasks)
         except Exception as e:
             raise RuntimeError(f"rollout worker {worker} failed: {e}") from e
@@ -207,15 +207,16 @@ def actor_state(actor) -> str:
         return "ALIVE"
 
 
-def wait_until_restarted(method, timeout_s: float) -> None:
+def wait_until_restarted(method, timeout_s: float) -> bool:
     """Call an actor's `method` until it answers, up to `timeout_s`: while Ray restarts a dead actor,
-    calls to it fail at once (ActorUnavailableError). Returns early if it is dead for good."""
+    calls to it fail at once (ActorUnavailableError). False if it is dead for good or never answers."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             ray.get(method.remote(), timeout=max(deadline - time.monotonic(), 0.1))
-            return
+            return True
         except ray.exceptions.ActorUnavailableError:
             time.sleep(1.0)
         except Exception:
-            return
+            return False
+    return False

@@ -25,6 +25,7 @@ class TraceBuffer:
         self.vocab_sizes = dict(vocab_sizes or {})
         self._partial: dict[str, list[Trace]] = OrderedDict()  # group id -> traces so far
         self._ready: list[list[Trace]] = []  # complete groups, oldest first
+        self._complete: set[str] = set()  # ids of every group completed so far
         self._cond = asyncio.Condition()
         self._interrupted = 0  # the latest get `call` number interrupted (calls count from 1)
         self.counts: Counter[str] = Counter(received=0, rejected=0, groups_ready=0, groups_taken=0)
@@ -49,6 +50,7 @@ class TraceBuffer:
         group.append(trace)
         if len(group) >= self.group_size:
             del self._partial[trace.group]
+            self._complete.add(trace.group)
             async with self._cond:
                 self._ready.append(group)
                 self.counts["groups_ready"] += 1
@@ -73,6 +75,13 @@ class TraceBuffer:
             taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
         self.counts["groups_taken"] += len(taken)
         return taken
+
+    async def reopen(self, groups: list[str]) -> list[str]:
+        """Groups of a worker that died are run again: drop their partial traces (counted as
+        `discarded`) and return those already complete (not to be run twice)."""
+        for g in groups:
+            self.counts["discarded"] += len(self._partial.pop(g, []))
+        return [g for g in groups if g in self._complete]
 
     async def interrupt(self, call: int) -> None:
         """End the wait of `get` number `call` (and of any earlier one)."""

@@ -8,27 +8,37 @@ them into the rollout side of a run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import uuid
 from typing import Any, Callable
 
 import ray
 
 from rollout.buffer import TraceBuffer
 from rollout.config import EngineConfig, ModelConfig, RayConfig, RolloutJobConfig
-from rollout.engine import Engine
+from rollout.engine import Engine, WeightStore
 from rollout.worker import RolloutWorker
 
 
-def start_ray(cfg: RayConfig) -> None:
-    """Start an in-process cluster (`address=local`) or join an existing one."""
+def start_ray(cfg: RayConfig, cpus_asked: float = 0.0) -> None:
+    """Start an in-process cluster (`address=local`) or join an existing one. A local cluster has
+    `ray.num_cpus` logical CPUs, by default the machine's or, if more, `cpus_asked` (what the
+    job's actors ask for together), so that every actor of any `agents` mapping can be placed
+    (Ray's CPUs are placement tokens: more of them than cores only shares the cores)."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     kwargs = {"include_dashboard": False, "log_to_driver": True}
     if cfg.address == "local":
-        kwargs["num_cpus"] = cfg.num_cpus or os.cpu_count()
+        kwargs["num_cpus"] = local_cpus(cfg, cpus_asked)
     ray.init(address=cfg.address, **kwargs)
+
+
+def local_cpus(cfg: RayConfig, cpus_asked: float) -> int:
+    """Logical CPUs of a local cluster: ray.num_cpus if set, else max(cores, what the actors ask)."""
+    return cfg.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_asked))
 
 
 def run_job(dcfg, validate: Callable[[Any], None], job: Callable[[Any], dict]) -> None:
@@ -64,21 +74,31 @@ def await_started(actors: list, ready: list, timeout_s: float, what: str, resour
         raise
 
 
-def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed: int = 0) -> dict[str, list]:
+def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed: int = 0,
+                  stores: dict | None = None) -> dict[str, list]:
     """Start every policy's engines at once — `policy: (model folder, model, engine settings)`,
-    `num_engines` Engine actors each, with that policy's Ray resources — and wait until all are up."""
-    engines, asks = {}, {}
+    `num_engines` Engine actors each, with that policy's Ray resources — and wait until all are up.
+    With `stores` (policy -> WeightStore, see spawn_stores) Ray restarts a dead engine up to
+    `engine.max_restarts` times, and it comes back with the policy's newest weights."""
+    engines, asks, stores = {}, {}, stores or {}
     for policy, (model_path, model, cfg) in pools.items():
         cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None)(Engine)
-        engines[policy] = [cls.options(max_concurrency=1000).remote(
-            model_path, cfg, policy=policy, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i)
-            for i in range(cfg.num_engines)]
+        restarts = cfg.max_restarts if policy in stores else 0
+        engines[policy] = [cls.options(max_concurrency=1000, max_restarts=restarts,
+                                       name=f"tracerl-engine-{policy}-{i}-{uuid.uuid4().hex[:8]}").remote(
+            model_path, cfg, policy=policy, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i,
+            store=stores.get(policy), index=i) for i in range(cfg.num_engines)]
         asks[policy] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources}
     # Surface a failed start (bad model, too little memory, no room to place it) here.
     everyone = [e for pool in engines.values() for e in pool]
     await_started(everyone, [e.info.remote() for e in everyone], max(c.start_timeout_s for *_, c in pools.values()),
                   f"engines of policies {sorted(pools)} (engine.start_timeout_s)", asks)
     return engines
+
+
+def spawn_stores(policies: list[str]) -> dict:
+    """One WeightStore actor per policy (no CPU): what a restarted engine loads first."""
+    return {p: ray.remote(num_cpus=0)(WeightStore).remote() for p in policies}
 
 
 def spawn_buffer(group_size: int, vocab_sizes: dict[str, int]):
@@ -90,7 +110,8 @@ def spawn_workers(cfg: RolloutJobConfig, engines: dict[str, list], model_paths: 
     """Start `cfg.rollout.num_workers` RolloutWorker actors sharing the engines and the buffer,
     and wait until they are up (a harness or task source that fails to load fails here)."""
     cls = ray.remote(num_cpus=0)(RolloutWorker)
-    workers = [cls.options(max_concurrency=1000).remote(i, cfg, engines, model_paths, buffer)
+    workers = [cls.options(max_concurrency=1000, max_restarts=cfg.rollout.max_worker_restarts,
+                           name=f"tracerl-worker-{i}-{uuid.uuid4().hex[:8]}").remote(i, cfg, engines, model_paths, buffer)
                for i in range(cfg.rollout.num_workers)]
     await_started(workers, [w.stats.remote() for w in workers], start_timeout_s, "rollout workers", {"num_cpus": 0})
     return workers

@@ -65,6 +65,11 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences batched per engine step
     enforce_eager: bool = True  # skip CUDA graphs / torch.compile (start-up time on CPU)
     start_timeout_s: float = 300.0  # engine start (model load) limit
+    request_timeout_s: float = 600.0  # one model call longer than this fails its trace (the request is cancelled)
+    sync_timeout_s: float = 600.0  # loading new weights into the engines longer than this stops the run
+    max_restarts: int = 3  # times Ray restarts a dead (or hung: see health_*) engine; past it the run stops
+    health_check_s: float = 30.0  # seconds between health probes of each engine (0: no probes)
+    health_timeout_s: float = 120.0  # an engine that does not answer a probe within this is killed and restarted
     sync_pause_mode: SyncPauseMode = SyncPauseMode.wait  # what in-flight requests do during a weight load
 
 
@@ -111,6 +116,8 @@ class RolloutConfig:
     concurrency: int = 16  # harness episodes in flight per worker
     group_size: int = 4  # traces per task instance (group baselines)
     timeout_s: float = 300.0  # per-episode limit; past it the trace is failed
+    retries: int = 1  # times an episode an engine failure ended is run again (same trace id and seeds)
+    max_worker_restarts: int = 3  # times a dead worker is restarted and its unfinished groups run again
 
 
 @dataclass
@@ -135,7 +142,7 @@ class TaskConfig:
 @dataclass
 class RayConfig:
     address: str = "local"  # "local": an in-process cluster; "auto" or host:port to join one
-    num_cpus: int | None = None  # CPUs for a local cluster (None: all)
+    num_cpus: int | None = None  # logical CPUs of a local cluster (None: the machine's, or what the actors ask if more)
 
 
 @dataclass
@@ -179,6 +186,10 @@ class RolloutJobConfig:
     def policy_engine(self, policy: str) -> EngineConfig:
         return override(self.engine, self.policy_table()[policy].engine, f"policies.{policy}.engine")
 
+    def cpus_asked(self) -> float:
+        """Ray CPUs the job's actors ask for together: every used policy's engines (workers ask none)."""
+        return sum(e.num_cpus * e.num_engines for e in map(self.policy_engine, self.used_policies()))
+
 
 @dataclass
 class GenerateJobConfig(RolloutJobConfig):
@@ -213,6 +224,8 @@ def validate(cfg: RolloutJobConfig) -> None:
         (r.num_workers >= 1 and r.concurrency >= 1, "rollout.num_workers and rollout.concurrency must be >= 1"),
         (r.group_size >= 1, "rollout.group_size must be >= 1"),
         (r.timeout_s > 0, "rollout.timeout_s must be > 0"),
+        (r.retries >= 0, "rollout.retries must be >= 0"),
+        (r.max_worker_restarts >= 0, "rollout.max_worker_restarts must be >= 0"),
     ]
     for ok, msg in checks:
         if not ok:

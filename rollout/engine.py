@@ -7,13 +7,20 @@
 `update_weights(version, buckets)` loads new weights in place (no restart),
 resets the prefix cache, and tags every later output with `version`. The same
 class runs vLLM's CPU build and the CUDA build; only EngineConfig differs.
+
+An engine that dies is restarted by Ray (`engine.max_restarts`) with the same
+arguments; before its first request it loads its policy's newest weights and
+version from the policy's `WeightStore`, so nothing it serves is older than
+what the run had pushed. `health()` is the watchdog's probe (rollout/fleet.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 
 from rollout.config import EngineConfig, SamplingConfig
@@ -87,7 +94,10 @@ class Engine:
     """Owns one vLLM AsyncLLM. All methods are async: Ray runs it as an async actor."""
 
     def __init__(self, model_path: str, cfg: EngineConfig, policy: str = "main",
-                 dtype: str = "float32", max_model_len: int = 2048, seed: int = 0):
+                 dtype: str = "float32", max_model_len: int = 2048, seed: int = 0,
+                 store=None, index: int = 0):
+        """`store`: the policy's WeightStore actor (None: always the weights in `model_path`);
+        `index`: this engine's place in the policy's pool (the store counts its starts)."""
         _vllm_env()
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -101,11 +111,28 @@ class Engine:
         self._active = 0  # requests in flight
         self._busy_s = 0.0  # seconds with at least one request in flight
         self._busy_since = 0.0
+        self._store, self._index = store, index
+        self._caught_up: asyncio.Task | None = None  # loading the store's newest weights, once
+
+    async def _current(self) -> None:
+        """Before anything else this process does: check in with the store and load the policy's
+        newest weights if the run has pushed any (this engine was restarted after a crash)."""
+        if self._store is None:
+            return
+        if self._caught_up is None:
+            self._caught_up = asyncio.ensure_future(self._catch_up())
+        await asyncio.shield(self._caught_up)
+
+    async def _catch_up(self) -> None:
+        version, refs = await self._store.checkout.remote(self._index)
+        if refs:
+            await self._load(version, await refs[0])
 
     # ------------------------------------------------------------ generation
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
                        seed: int | None = None) -> list[Completion]:
         """Sample `sampling.n` completions of `prompt_ids`; each carries its behaviour log-probs."""
+        await self._current()
         if len(prompt_ids) + sampling.max_tokens > self._llm.model_config.max_model_len:
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds "
@@ -132,6 +159,7 @@ class Engine:
 
     async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         """Log-probs the current weights give `completion_ids` after `prompt_ids` (no sampling)."""
+        await self._current()
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -152,9 +180,15 @@ class Engine:
         requests in flight finish on the old weights first, so every completion
         comes from exactly one version.
         """
+        await self._current()
+        t0 = time.perf_counter()
+        loaded = await self._load(version, buckets)
+        return {"seconds": time.perf_counter() - t0, "tensors": float(loaded),
+                "bytes": float(sum(len(b) for b in buckets))}
+
+    async def _load(self, version: int, buckets: list[bytes]) -> int:
         from rollout.vllm_ext import WeightSyncExtension
 
-        t0 = time.perf_counter()
         await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
         try:
             loaded = await self._llm.collective_rpc(
@@ -163,18 +197,54 @@ class Engine:
             self.version = version
         finally:
             await self._llm.resume_generation()
-        return {"seconds": time.perf_counter() - t0, "tensors": float(loaded[0]),
-                "bytes": float(sum(len(b) for b in buckets))}
+        return loaded[0]
+
+    async def health(self) -> int:
+        """A one-token generation: answers only if the engine core is alive and scheduling."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        await self._current()
+        params = SamplingParams(max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        async for _ in self._llm.generate({"prompt_token_ids": [0]}, params, uuid.uuid4().hex):
+            pass
+        return self.version
 
     # ------------------------------------------------------------ metadata
     async def info(self) -> dict:
         import ray
 
+        await self._current()
+
         busy = self._busy_s + (time.perf_counter() - self._busy_since if self._active else 0.0)
         return {"policy": self.policy, "version": self.version, "vocab_size": self.vocab_size,
                 "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
-                "busy_s": busy,
+                "busy_s": busy, "active": self._active, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
 
     async def shutdown(self) -> None:
         self._llm.shutdown()
+
+
+class WeightStore:
+    """The newest weights pushed to one policy's engines, for an engine that (re)starts (a Ray
+    actor, no CPU). Holds the ObjectRef of the pushed buckets, which keeps them in Ray's object
+    store; counts each engine's starts (restarts = starts - 1)."""
+
+    def __init__(self):
+        self.version = 0
+        self.buckets = None  # ObjectRef of the newest pushed buckets
+        self.starts: Counter[int] = Counter()
+
+    def publish(self, version: int, buckets: list) -> None:
+        """`buckets`: [ObjectRef] (in a list, so Ray hands over the reference, not the bytes)."""
+        self.version, self.buckets = version, buckets[0]
+
+    def checkout(self, index: int) -> tuple[int, list]:
+        """Engine `index` (re)started: the version to serve and [ObjectRef] of its weights ([] for
+        the model's own)."""
+        self.starts[index] += 1
+        return self.version, [self.buckets] if self.buckets is not None else []
+
+    def restarts(self) -> int:
+        return sum(n - 1 for n in self.starts.values())

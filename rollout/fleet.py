@@ -8,15 +8,23 @@
 The training loop, scripts/generate.py and the benches drive the same fleet.
 Every wait has a deadline and names what it waited for; a rollout worker
 that dies surfaces here with its error; a failed start kills what it made.
+
+Engines heal: Ray restarts a dead engine (`engine.max_restarts`), which then
+loads its policy's newest weights from the policy's WeightStore before it
+serves; a watchdog thread probes every engine each `engine.health_check_s`
+and has Ray restart one that does not answer within `engine.health_timeout_s`
+(a hung engine core). The episodes such a failure cut short run again
+(rollout.retries), so no group comes up short.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import ray
 
-from rollout.cluster import spawn_buffer, spawn_engines, spawn_workers
+from rollout.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
 from rollout.config import RolloutJobConfig, SamplingConfig
 from rollout.models import resolve_model
 from rollout.trace import Trace
@@ -29,19 +37,28 @@ class RolloutFleet:
     def __init__(self, cfg: RolloutJobConfig):
         self.cfg = cfg
         self.engines: dict[str, list] = {}  # policy -> Engine actor handles
+        self.stores: dict = {}  # policy -> WeightStore actor (a restarted engine's newest weights)
         self.buffer = None
+        self.hung_restarts = 0  # engines the watchdog had restarted for not answering a probe
+        self._stop_watch = threading.Event()
+        self._watchdog: threading.Thread | None = None
         self.workers: list = []
-        self._inflight: dict[ray.ObjectRef, int] = {}  # RolloutWorker.run call -> worker index
+        self._inflight: dict[ray.ObjectRef, tuple[int, list[int]]] = {}  # RolloutWorker.run call -> (worker, tasks)
+        self.worker_restarts = 0  # run calls resubmitted to a restarted worker
         self._takes = 0  # buffer.get calls so far (numbers them, for buffer.interrupt)
         try:
             models = {p: cfg.policy_model(p) for p in cfg.used_policies()}
             self.model_paths = {p: resolve_model(m.name, m.path) for p, m in models.items()}  # HF folders
+            self.stores = spawn_stores(list(models))
             self.engines = spawn_engines({p: (self.model_paths[p], m, cfg.policy_engine(p)) for p, m in models.items()},
-                                         seed=cfg.seed)
+                                         seed=cfg.seed, stores=self.stores)
             infos = ray.get([pool[0].info.remote() for pool in self.engines.values()], timeout=60)
             self.vocab_sizes = {p: info["vocab_size"] for p, info in zip(self.engines, infos)}
             self.buffer = spawn_buffer(cfg.rollout.group_size, self.vocab_sizes)
             self.workers = spawn_workers(cfg, self.engines, self.model_paths, self.buffer)
+            if any(cfg.policy_engine(p).health_check_s > 0 for p in self.engines):
+                self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
+                self._watchdog.start()
         except BaseException:
             self.shutdown()
             raise
@@ -58,7 +75,7 @@ class RolloutFleet:
         n = len(self.workers)
         for i, w in enumerate(self.workers):
             if task_indices[i::n]:
-                self._inflight[w.run.remote(task_indices[i::n])] = i
+                self._inflight[w.run.remote(task_indices[i::n])] = (i, task_indices[i::n])
 
     def take(self, num_groups: int, timeout_s: float) -> list[list[Trace]]:
         """Block until `num_groups` complete groups are buffered and take them, oldest first.
@@ -88,10 +105,22 @@ class RolloutFleet:
         return groups
 
     def _collect(self, ref: ray.ObjectRef) -> None:
-        """A finished RolloutWorker.run call: re-raise its error (a dead worker) with context."""
-        worker = self._inflight.pop(ref)
+        """A finished RolloutWorker.run call. If its worker died, Ray restarts it
+        (rollout.max_worker_restarts) and the call goes to it again with `rerun`: the groups it had
+        not completed start over (their partial traces are dropped), the complete ones are not run
+        twice. Any other error, or a worker out of restarts, is raised with context."""
+        worker, tasks = self._inflight.pop(ref)
         try:
             ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            if not wait_until_restarted(self.workers[worker].stats, 300.0):
+                raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it "
+                                   f"(killed for good, or past rollout.max_worker_restarts="
+                                   f"{self.cfg.rollout.max_worker_restarts}): {e}") from e
+            self.worker_restarts += 1
+            print(f"[rollout] worker {worker} died ({type(e).__name__}); running its unfinished groups again",
+                  flush=True)
+            self._inflight[self.workers[worker].run.remote(tasks, rerun=True)] = (worker, tasks)
         except Exception as e:
             raise RuntimeError(f"rollout worker {worker} failed: {e}") from e
 
@@ -121,10 +150,73 @@ class RolloutFleet:
     def engine_infos(self) -> list[dict]:
         return ray.get([e.info.remote() for pool in self.engines.values() for e in pool], timeout=60)
 
+    def engine_restarts(self) -> int:
+        """Engine restarts so far, every policy (each restarted engine checked in with its store)."""
+        return sum(ray.get([s.restarts.remote() for s in self.stores.values()], timeout=60))
+
+    # ---------------------------------------------------------------- health
+    def _watch(self) -> None:
+        """The watchdog thread: probe each engine in turn, every health_check_s."""
+        period = min(c for c in (self.cfg.policy_engine(p).health_check_s for p in self.engines) if c > 0)
+        while not self._stop_watch.wait(period):
+            for policy, pool in list(self.engines.items()):
+                for i, engine in enumerate(pool):
+                    if self._stop_watch.is_set():
+                        return
+                    self._probe(policy, i, engine)
+
+    def _probe(self, policy: str, index: int, engine) -> None:
+        """One health probe; an engine that does not answer in time is killed for Ray to restart
+        (then waited for, so a slow start is not taken for a hang)."""
+        cfg = self.cfg.policy_engine(policy)
+        if cfg.health_check_s <= 0:
+            return
+        probe = engine.health.remote()
+        if ray.wait([probe], timeout=cfg.health_timeout_s)[0]:
+            return  # answered, or died (Ray restarts it; its requests fail and are retried)
+        if actor_state(engine) != "ALIVE":
+            return  # Ray is restarting it after a crash: a start, not a hang
+        print(f"[rollout] engine {index} of policy {policy!r} did not answer a health probe within "
+              f"engine.health_timeout_s={cfg.health_timeout_s}: restarting it", flush=True)
+        self.hung_restarts += 1
+        ray.kill(engine, no_restart=False)
+        time.sleep(1.0)  # let Ray see it die before asking for it
+        wait_until_restarted(engine.info, cfg.start_timeout_s)  # a slow start is not a hang
+
     # ---------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
         """Kill every actor the fleet made (also those of a start that failed half-way)."""
-        for actor in [*self.workers, self.buffer, *(e for pool in self.engines.values() for e in pool)]:
+        self._stop_watch.set()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=5)
+        for actor in [*self.workers, self.buffer, *(e for pool in self.engines.values() for e in pool),
+                      *self.stores.values()]:
             if actor is not None:
                 ray.kill(actor)
-        self.workers, self.buffer, self.engines, self._inflight = [], None, {}, {}
+        self.workers, self.buffer, self.engines, self.stores, self._inflight = [], None, {}, {}, {}
+
+
+def actor_state(actor) -> str:
+    """Ray's state of an actor (ALIVE, RESTARTING, DEAD, ...); ALIVE when Ray cannot say. (Ray
+    has no public call for it without its dashboard.)"""
+    from ray._private import state
+
+    try:
+        return state.actors(actor_id=actor._actor_id.hex())["State"]
+    except Exception:
+        return "ALIVE"
+
+
+def wait_until_restarted(method, timeout_s: float) -> bool:
+    """Call an actor's `method` until it answers, up to `timeout_s`: while Ray restarts a dead actor,
+    calls to it fail at once (ActorUnavailableError). False if it is dead for good or never answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(method.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+            return True
+        except ray.exceptions.ActorUnavailableError:
+            time.sleep(1.0)
+        except Exception:
+            return False
+    return False

@@ -17,7 +17,7 @@ from typing import Any
 from harnesses.base import as_result, load_harness
 from rollout.client import Agent, ChatFormat, TraceRecorder
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
-from rollout.router import Router
+from rollout.router import EngineError, Router
 from rollout.trace import Trace, TraceError
 
 
@@ -38,7 +38,8 @@ class RolloutWorker:
         self.tasks = make_task_source(cfg.task, seed=cfg.seed)
         self.agents = dict(cfg.agents)
         self.trainable = {p: spec.trainable for p, spec in cfg.policy_table().items()}
-        self.routers = {p: Router(e) for p, e in engines.items()}
+        self.routers = {p: Router(e, p, cfg.policy_engine(p).request_timeout_s, cfg.policy_engine(p).start_timeout_s)
+                        for p, e in engines.items()}
         self.formats = {p: ChatFormat.from_pretrained(path) for p, path in model_paths.items()}
         unknown = {p for p in self.agents.values()} - set(self.routers)
         if unknown:
@@ -51,18 +52,37 @@ class RolloutWorker:
         self.generated_tokens = 0
 
     async def episode(self, task, group: str, sample: int, sampling: SamplingConfig | None = None) -> Trace:
-        """Run the harness once on `task`; always returns a Trace (failed on any error)."""
+        """Run the harness on `task`; always returns a Trace (failed on any error). An attempt that
+        an engine failure ended (an engine died, or did not answer within engine.request_timeout_s)
+        is run again from the start, up to `rollout.retries` times, with the same trace id (so the
+        same sampling seeds); the trace records its attempts in info["attempts"]."""
+        for attempt in range(1, self.cfg.retries + 2):
+            trace, engine_failed = await self.attempt(task, group, sample, sampling)
+            if not engine_failed or attempt > self.cfg.retries:
+                break
+            self.counts["episodes_retried"] += 1
+        if attempt > 1:
+            trace.info["attempts"] = attempt
+        self.counts[f"traces_{trace.status}"] += 1
+        self.generated_tokens += trace.num_generated_tokens
+        return trace
+
+    async def attempt(self, task, group: str, sample: int,
+                      sampling: SamplingConfig | None = None) -> tuple[Trace, bool]:
+        """One run of the harness on `task`: the trace, and whether an engine failure ended it."""
         recorder = TraceRecorder(f"{group}#{sample}")
         agents = {role: Agent(role, policy, self.routers[policy], self.formats[policy], recorder,
                               sampling or self.sampling, seed=self.seed, trainable=self.trainable[policy])
                   for role, policy in self.agents.items()}
         start = time.time()
-        status, error, result = "ok", None, None
+        status, error, result, engine_failed = "ok", None, None, False
         try:
             result = as_result(await asyncio.wait_for(
                 self.harness(task, agents, **self.harness_options), self.cfg.timeout_s))
         except asyncio.TimeoutError:
             status, error = "failed", f"timeout: harness ran past rollout.timeout_s={self.cfg.timeout_s}"
+        except EngineError as e:
+            status, error, engine_failed = "failed", _describe(e), True
         except Exception as e:  # a harness bug must not take the worker down
             status, error = "failed", _describe(e)
         if status == "ok" and any(s.finish_reason == "length" for s in recorder.sequences):
@@ -81,21 +101,24 @@ class RolloutWorker:
             trace = Trace(**{**fields, "status": "failed", "error": f"bad harness result: {e}",
                              "agent_rewards": None,
                              "info": {"task": task.id, "question": task.question, "worker": self.worker_id}})
-        self.counts[f"traces_{trace.status}"] += 1
-        self.generated_tokens += trace.num_generated_tokens
-        return trace
+        return trace, engine_failed
 
-    async def run(self, task_indices: list[int]) -> dict[str, Any]:
-        """Run one group per task index, streaming each trace to the buffer as it finishes."""
+    async def run(self, task_indices: list[int], rerun: bool = False) -> dict[str, Any]:
+        """Run one group per task index, streaming each trace to the buffer as it finishes.
+        `rerun`: these groups were given to a worker that died; the buffer drops their partial
+        traces and only the groups it has not completed run (again, with the same seeds)."""
         sem = asyncio.Semaphore(self.cfg.concurrency)
+        tasks = list(map(self.tasks.train_task, task_indices))
+        if rerun:
+            complete = set(await self.buffer.reopen.remote([task.id for task in tasks]))
+            tasks = [task for task in tasks if task.id not in complete]
 
         async def one(task, sample: int) -> None:
             async with sem:
                 trace = await self.episode(task, task.id, sample)
             await self.buffer.put.remote(trace)
 
-        jobs = [one(task, k) for task in map(self.tasks.train_task, task_indices)
-                for k in range(self.cfg.group_size)]
+        jobs = [one(task, k) for task in tasks for k in range(self.cfg.group_size)]
         await asyncio.gather(*jobs)
         return await self.stats()
 
@@ -111,4 +134,7 @@ class RolloutWorker:
         return list(await asyncio.gather(*(one(tasks[i]) for i in indices)))
 
     async def stats(self) -> dict[str, Any]:
-        return {"worker": self.worker_id, **self.counts, "generated_tokens": self.generated_tokens}
+        import os
+
+        return {"worker": self.worker_id, **self.counts, "generated_tokens": self.generated_tokens,
+                "pid": os.getpid()}

@@ -29,7 +29,7 @@ register_configs()
 def generate(cfg: GenerateJobConfig) -> dict:
     """Run `num_traces` (whole groups) episodes, write them to `cfg.out`; returns the summary."""
     validate(cfg)
-    start_ray(cfg.ray)
+    start_ray(cfg.ray, cfg.cpus_asked())
     r = cfg.rollout
     num_groups = math.ceil(cfg.num_traces / r.group_size)
     # Every episode ends within rollout.timeout_s (or fails), and they run in waves of

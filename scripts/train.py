@@ -15,15 +15,15 @@ import hydra
 from omegaconf import DictConfig
 
 from rollout.cluster import run_job
-from trainer.config import register_configs, validate
-from trainer.loop import train
+from trainer.config import register_configs
+from trainer.loop import check, train
 
 register_configs()
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="train")
 def main(dcfg: DictConfig) -> None:
-    run_job(dcfg, validate, train)
+    run_job(dcfg, check, train)
 
 
 if __name__ == "__main__":

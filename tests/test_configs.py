@@ -2,6 +2,7 @@
 bad keys, types, enum values and combinations fail naming the key."""
 
 import inspect
+import os
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,19 @@ def test_bad_values_fail_validation(override, msg):
         validate_generate(compose("generate", [override]))
 
 
+@pytest.mark.parametrize("override, msg", [
+    ("trainer.save_every=-1", "trainer.save_every must be >= 0"),
+    ("trainer.keep_last=0", "trainer.keep_last must be >= 1"),
+    ("trainer.max_skipped_steps=0", "trainer.max_skipped_steps must be >= 1"),
+    ("trainer.max_failed_fraction=1.5", r"trainer.max_failed_fraction must be in \[0, 1\]"),
+])
+def test_bad_fault_settings_fail_validation(override, msg):
+    with pytest.raises(ValueError, match=msg):
+        validate_train(compose("train", [override]))
+    with pytest.raises(ValueError, match="trainer.resume and trainer.overwrite=true contradict"):
+        validate_train(compose("train", ["trainer.resume=auto", "trainer.overwrite=true"]))
+
+
 def test_unmapped_role_fails():
     with pytest.raises(ValueError, match=r"agents: harness 'solver_verifier' uses roles \['verifier'\]"):
         validate_generate(compose("generate", ["harness=solver_verifier", "~agents.verifier"]))
@@ -195,3 +209,16 @@ def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
 def test_policy_config_errors_name_the_key_and_the_fix(overrides, msg):
     with pytest.raises(ValueError, match=msg):
         validate_train(compose("train", ["harness=solver_verifier", *overrides]))
+
+
+def test_a_local_cluster_holds_every_actor_of_any_agents_mapping():
+    """The defaults with a frozen verifier ask for 2 engines and 2 learner ranks of 1 CPU each: a
+    2-core machine's local cluster gets 4 logical CPUs, not 2 (which left the learners unplaced)."""
+    from rollout.cluster import local_cpus
+    from rollout.config import RayConfig
+
+    cfg = compose("train", ["harness=solver_verifier", "agents.verifier=frozen"])
+    assert cfg.cpus_asked() == 4.0
+    assert local_cpus(RayConfig(), cfg.cpus_asked()) == max(os.cpu_count(), 4)
+    assert local_cpus(RayConfig(num_cpus=3), cfg.cpus_asked()) == 3  # set: as set
+    assert compose("generate", ["harness=solver_verifier", "agents.verifier=frozen"]).cpus_asked() == 2.0

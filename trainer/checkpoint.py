@@ -4,8 +4,13 @@ its DeepSpeed state, and the loop's position.
     run_dir/checkpoints/step_000100/
         <policy>/hf/         config.json, tokenizer files, model.safetensors  (the policy)
         <policy>/deepspeed/  DeepSpeed's own model / optimizer / scheduler state (resume)
-        trainer_state.json   the step and each policy's weight version; written last, so a
-                             checkpoint without it is incomplete and never resumed from
+        trainer_state.json   the step and each policy's weight version
+
+A checkpoint is written into `step_000100.partial/` and renamed to `step_000100/`
+once every policy and trainer_state.json are in it: a run killed mid-write leaves
+only a `.partial` folder, which is never resumed from (and removed by the next
+save). `load_newest` falls back to the previous complete checkpoint when the
+newest cannot be loaded; `prune` keeps the newest `keep_last`.
 
 No RNG state is kept: tasks come from the step number, and every model call
 samples with a seed derived from (seed, trace id, role, call number).
@@ -14,10 +19,11 @@ samples with a seed derived from (seed, trace id, role, call number).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
+from typing import Callable
 
-import ray
 from safetensors.torch import load, save_file
 
 from trainer.learner_group import LearnerGroup
@@ -27,7 +33,20 @@ _HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeniz
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:
+    """The complete checkpoint folder of `step`."""
     return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+
+
+def partial_dir(run_dir: str | Path, step: int) -> Path:
+    """Where step `step`'s checkpoint is written until `finish` renames it to `step_dir`."""
+    return step_dir(run_dir, step).with_suffix(".partial")
+
+
+def start(run_dir: str | Path, step: int) -> None:
+    """Begin step `step`'s checkpoint: an empty `.partial` folder (a leftover of a killed save is removed)."""
+    d = partial_dir(run_dir, step)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
 
 
 def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> Path:
@@ -35,7 +54,8 @@ def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state = {}
-    for bucket in ray.get(learners.export_weights()):
+    [buckets] = learners.collect("export_weights", [learners.export_weights()])
+    for bucket in buckets:
         state.update(load(bucket))
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     for name in _HF_FILES:
@@ -46,26 +66,67 @@ def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> 
 
 
 def save_policy(learners: LearnerGroup, base_model: str | Path, run_dir: str | Path, step: int, policy: str) -> Path:
-    """Save both views of one policy's weights into step `step`'s checkpoint; returns its folder."""
-    d = step_dir(run_dir, step) / policy
+    """Save both views of one policy's weights into step `step`'s checkpoint (after `start`)."""
+    d = partial_dir(run_dir, step) / policy
     save_hf(learners, base_model, d / "hf")
     learners.save(str(d / "deepspeed"))
     return d
 
 
 def finish(run_dir: str | Path, step: int, versions: dict[str, int]) -> Path:
-    """Mark step `step`'s checkpoint complete, with each policy's weight version (after save_policy of each)."""
-    d = step_dir(run_dir, step)
-    (d / "trainer_state.json").write_text(json.dumps({"step": step, "versions": versions}))
-    return d
+    """Complete step `step`'s checkpoint (after save_policy of each policy): trainer_state.json with
+    each policy's weight version, then the rename that makes it visible to `complete`."""
+    partial, done = partial_dir(run_dir, step), step_dir(run_dir, step)
+    (partial / "trainer_state.json").write_text(json.dumps({"step": step, "versions": versions}))
+    if done.exists():  # the same step saved again (a resumed run): the new one replaces it
+        shutil.rmtree(done)
+    partial.rename(done)
+    return done
 
 
-def newest_state(run_dir: str | Path) -> tuple[Path, dict]:
-    """The newest complete checkpoint of `run_dir`: its folder and {step, versions}."""
-    d = latest(run_dir)
-    if d is None:
-        raise FileNotFoundError(f"trainer.resume={str(run_dir)!r}: no checkpoint under {run_dir}/checkpoints")
-    return d, json.loads((d / "trainer_state.json").read_text())
+_COMPLETE = re.compile(r"step_\d+")
+
+
+def complete(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of a run, oldest first."""
+    return sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                  if _COMPLETE.fullmatch(p.name) and (p / "trainer_state.json").exists())
+
+
+def latest(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None."""
+    done = complete(run_dir)
+    return done[-1] if done else None
+
+
+def load_newest(run_dir: str | Path, load: Callable[[Path, dict], None]) -> tuple[Path, dict]:
+    """Call `load(folder, trainer_state)` on the newest complete checkpoint of `run_dir`; if it
+    raises (a file truncated or corrupted after the save), on the one before, and so on. Returns
+    the folder and state that loaded; raises FileNotFoundError without any, or the newest's error
+    if none loads."""
+    candidates = complete(run_dir)[::-1]
+    if not candidates:
+        raise FileNotFoundError(f"trainer.resume: no complete checkpoint under {run_dir}/checkpoints")
+    first_error = None
+    for d in candidates:
+        state = json.loads((d / "trainer_state.json").read_text())
+        try:
+            load(d, state)
+            return d, state
+        except Exception as e:
+            first_error = first_error or e
+            print(f"[train] checkpoint {d} cannot be loaded ({type(e).__name__}: {e}); trying the one before",
+                  flush=True)
+    raise RuntimeError(f"trainer.resume: none of the {len(candidates)} complete checkpoints under "
+                       f"{run_dir}/checkpoints loads; the newest failed with: {first_error}") from first_error
+
+
+def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints; returns the deleted folders."""
+    old = complete(run_dir)[:-keep_last] if keep_last > 0 else []
+    for d in old:
+        shutil.rmtree(d)
+    return old
 
 
 def restore_policy(learners: LearnerGroup, checkpoint: Path, policy: str) -> None:
@@ -74,9 +135,3 @@ def restore_policy(learners: LearnerGroup, checkpoint: Path, policy: str) -> Non
         saved = sorted(p.name for p in checkpoint.iterdir() if p.is_dir())
         raise FileNotFoundError(f"trainer.resume: {checkpoint} holds policies {saved}, not {policy!r}")
     learners.load(str(checkpoint / policy / "deepspeed"))
-
-
-def latest(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run, or None."""
-    done = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*") if (p / "trainer_state.json").exists())
-    return done[-1] if done else None

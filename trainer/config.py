@@ -35,10 +35,14 @@ class LoopConfig:
     groups_per_step: int = 8  # task groups per step (traces per step = this x rollout.group_size)
     max_staleness: int = 0  # 0: synchronous; k: rollout may run k weight versions ahead
     eval_every: int = 10  # steps between held-out evaluations (0: only before and after)
-    save_every: int = 0  # steps between checkpoints (0: only at the end)
+    save_every: int = 10  # steps between checkpoints (0: only at the end)
+    keep_last: int = 2  # complete checkpoints kept (older ones are deleted)
     log_traces_every: int = 10  # steps between wandb trace tables (0: never)
-    resume: str | None = None  # a run dir: continue from its last checkpoint
+    resume: str | None = None  # `auto`: run_dir's newest checkpoint if it has one; a run dir: its newest
+    overwrite: bool = False  # start afresh in a run_dir that holds a previous run (its outputs are deleted)
     rollout_timeout_s: float = 1800.0  # waiting for one step's traces longer than this is an error
+    max_skipped_steps: int = 3  # optimizer steps in a row skipped for a non-finite loss/gradient that stop the run
+    max_failed_fraction: float = 0.5  # a step's (or an eval's) traces failing above this share stop the run
 
 
 @dataclass
@@ -71,6 +75,11 @@ class TrainJobConfig(RolloutJobConfig):
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     run_dir: str = "runs/default"  # resolved config, metrics.jsonl, checkpoints, summary.json
 
+    def cpus_asked(self) -> float:
+        """Ray CPUs the job's actors ask for together: engines, and every trained policy's learner ranks."""
+        return super().cpus_asked() + sum(lr.num_cpus * lr.world_size
+                                          for lr in map(self.policy_learner, self.trainable_policies()))
+
     def policy_learner(self, policy: str) -> LearnerConfig:
         """`learner` with `policies.<policy>.learner` applied: that policy's learner ranks."""
         return override(self.learner, self.policy_table()[policy].learner, f"policies.{policy}.learner")
@@ -92,6 +101,12 @@ def validate(cfg: TrainJobConfig) -> None:
         (cfg.sampling.top_p == 1.0, "sampling.top_p must be 1.0 for training: the learner cannot "
                                     "reproduce a top-p-truncated behaviour distribution"),
         (a.advantage.eps >= 0, "algorithm.advantage.eps must be >= 0"),
+        (t.save_every >= 0, "trainer.save_every must be >= 0 (0: only at the end)"),
+        (t.keep_last >= 1, "trainer.keep_last must be >= 1"),
+        (t.max_skipped_steps >= 1, "trainer.max_skipped_steps must be >= 1"),
+        (0 <= t.max_failed_fraction <= 1, "trainer.max_failed_fraction must be in [0, 1] (1: never stop)"),
+        (not (t.resume and t.overwrite), "trainer.resume and trainer.overwrite=true contradict each other: "
+                                         "drop one"),
         (cfg.eval.size >= 0, "eval.size must be >= 0"),
         (cfg.eval.size <= cfg.task.eval_size, f"eval.size={cfg.eval.size} is more than the task's "
                                               f"held-out set (task.eval_size={cfg.task.eval_size})"),

@@ -14,6 +14,7 @@ both explicitly.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -46,6 +47,7 @@ class LearnerConfig:
     micro_batch_tokens: int = 4096  # padded tokens per forward/backward
     gradient_checkpointing: bool = False  # trade compute for activation memory
     dist_timeout_s: float = 600.0  # collective-op timeout
+    call_timeout_s: float = 1800.0  # one learner call (train step, weight export, save, load) longer than this stops the run
 
 
 def _grad_norm(module) -> float:
@@ -68,6 +70,7 @@ class Learner:
         self.rank, self.model_path, self.cfg, self.loss_cfg = rank, model_path, cfg, loss
         self.dtype, self.seed = dtype, seed
         self.step = 0
+        self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.engine = None
 
     def master_address(self) -> tuple[str, int]:
@@ -123,7 +126,7 @@ class Learner:
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": cfg.zero_stage},
             "zero_allow_untested_optimizer": True,  # torch SGD (AdamW is on the tested list)
-            "bf16": {"enabled": self.dtype == "bfloat16"},
+            "bf16": {"enabled": self.dtype == "bfloat16", "check_grad_overflow": True},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
@@ -143,25 +146,54 @@ class Learner:
         sums: dict[str, float] = {}
         loss_total = 0.0
         own_norm = None
+        skipped_before, own_skip = eng.skipped_steps, False
         for i, mb in enumerate(shard):
             loss, metrics = microbatch_loss(eng, mb, self.loss_cfg, self.ref_model, self.device)
             # DeepSpeed averages gradients over ranks: scale back to a sum; no division by GAS.
             eng.backward(loss * self.cfg.world_size, scale_wrt_gas=False)
-            if i == len(shard) - 1 and self.cfg.zero_stage == 0:
-                own_norm = _grad_norm(eng.module)  # ZeRO-0 fp32 does not record it
-            eng.step()
+            if i == len(shard) - 1 and self.cfg.zero_stage == 0 and self.dtype != "bfloat16":
+                # ZeRO-0 fp32 neither records the norm nor skips a non-finite step (every other
+                # ZeRO stage and bf16 skip it themselves). The gradients are all-reduced by now,
+                # so every rank sees the same norm and takes the same decision.
+                own_norm = _grad_norm(eng.module)
+                own_skip = not math.isfinite(own_norm)
+            if own_skip:
+                self._skip_optimizer_step()
+            else:
+                eng.step()
             loss_total += loss.item()
             for k, v in metrics.items():
                 sums[k] = max(sums.get(k, 0.0), v.item()) if k == "ratio_max" else sums.get(k, 0.0) + v.item()
         self.step += 1
+        skipped = own_skip or eng.skipped_steps > skipped_before
+        self.skipped_steps += skipped
         grad_norm = eng.get_global_grad_norm()
         grad_norm = grad_norm if grad_norm is not None else own_norm
         out = {"loss": loss_total, "grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
                "lr": self.scheduler.get_last_lr()[0], "step": self.step,
+               "skipped": float(skipped), "skipped_steps": float(self.skipped_steps),
                "tokens": sums.pop("tokens", 0.0), "padded_tokens": float(sum(m.input_ids.size for m in shard)),
                "seconds": time.perf_counter() - t0}
         out.update(sums)
         return out
+
+    def _skip_optimizer_step(self) -> None:
+        """Close the step through DeepSpeed (its micro-step and boundary counts move on) without
+        an optimizer step: the weights, the optimizer state and the lr schedule stay untouched.
+        The non-finite gradients are zeroed first (gradient clipping still runs on them)."""
+        opt = self.engine.optimizer
+        sched, lrs = self.scheduler.state_dict(), [g["lr"] for g in opt.param_groups]
+        for p in self.engine.module.parameters():
+            if p.grad is not None:
+                p.grad.zero_()
+        opt.step = lambda *args, **kwargs: None  # this once; the class's step is back below
+        try:
+            self.engine.step()
+        finally:
+            del opt.step
+        self.scheduler.load_state_dict(sched)
+        for g, lr in zip(opt.param_groups, lrs):
+            g["lr"] = lr
 
     def logprobs(self, input_ids: list[int], start: int) -> list[float]:
         """Learner log-probs of input_ids[start:] at the current weights (collective under ZeRO-3)."""

@@ -22,8 +22,8 @@ class LearnerGroup:
     """`world_size` Learner ranks of one policy; a context manager that kills them on exit."""
 
     def __init__(self, model_path: str, cfg: LearnerConfig, loss: LossConfig, dtype: str = "float32",
-                 seed: int = 0, pad_id: int = 0, setup_timeout_s: float = 900.0):
-        self.cfg, self.pad_id = cfg, pad_id
+                 seed: int = 0, pad_id: int = 0, setup_timeout_s: float = 900.0, name: str = "main"):
+        self.cfg, self.pad_id, self.name = cfg, pad_id, name  # name: the policy
         cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus,
                          resources=dict(cfg.resources) or None)(Learner)
         self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed) for r in range(cfg.world_size)]
@@ -35,10 +35,35 @@ class LearnerGroup:
                               f"{cfg.world_size} learner ranks (DeepSpeed setup)", resources)
         self.node_ids = [i["node_id"] for i in infos]  # where each rank runs
 
+    def collect(self, what: str, refs: list) -> list:
+        """Every rank's answer to one call. A rank that died, or did not answer within
+        learner.call_timeout_s (a hung collective), stops the run with an error naming it and its node."""
+        try:
+            return ray.get(refs, timeout=self.cfg.call_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            late = [i for i, ref in enumerate(refs) if not ray.wait([ref], timeout=0)[0]]
+            raise TimeoutError(f"learner {what} of policy {self.name!r}: {self._ranks(late)} did not answer "
+                               f"within learner.call_timeout_s={self.cfg.call_timeout_s}") from None
+        except ray.exceptions.RayActorError as e:
+            dead = []
+            for i, ref in enumerate(refs):
+                try:
+                    ray.get(ref, timeout=0)
+                except ray.exceptions.RayActorError:
+                    dead.append(i)
+                except Exception:
+                    pass
+            raise RuntimeError(f"learner {what} of policy {self.name!r}: {self._ranks(dead)} died "
+                               f"({type(e).__name__})") from e
+
+    def _ranks(self, ranks: list[int]) -> str:
+        nodes = getattr(self, "node_ids", [])
+        return ", ".join(f"rank {i}" + (f" on node {nodes[i][:12]}" if i < len(nodes) else "") for i in ranks)
+
     def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
         """One optimizer step on all ranks; metrics summed over ranks (ratio_max: max)."""
         shards = shard(batches, self.cfg.world_size, self.pad_id)
-        results = ray.get([r.train_step.remote(s) for r, s in zip(self.ranks, shards)])
+        results = self.collect("train_step", [r.train_step.remote(s) for r, s in zip(self.ranks, shards)])
         out = dict(results[0])  # step, lr, grad_norm: the same on every rank
         for res in results[1:]:
             for k in SUMMED:
@@ -50,20 +75,20 @@ class LearnerGroup:
     def export_weights(self, bucket_bytes: int = 64 << 20) -> ray.ObjectRef:
         """Rank 0's safetensors buckets, as an ObjectRef (engines fetch it from the object store)."""
         refs = [r.export_weights.remote(bucket_bytes) for r in self.ranks]
-        ray.get(refs[1:])  # the other ranks only take part in ZeRO-3 gathers
+        self.collect("export_weights", refs[1:])  # the other ranks only take part in ZeRO-3 gathers
         return refs[0]
 
     def logprobs(self, input_ids: list[int], start: int) -> list[float]:
-        return ray.get([r.logprobs.remote(input_ids, start) for r in self.ranks])[0]
+        return self.collect("logprobs", [r.logprobs.remote(input_ids, start) for r in self.ranks])[0]
 
     def save(self, path: str) -> None:
-        ray.get([r.save.remote(path) for r in self.ranks])
+        self.collect("save", [r.save.remote(path) for r in self.ranks])
 
     def load(self, path: str) -> int:
-        return ray.get([r.load.remote(path) for r in self.ranks])[0]
+        return self.collect("load", [r.load.remote(path) for r in self.ranks])[0]
 
     def param_digests(self) -> list[str]:
-        return ray.get([r.param_digest.remote() for r in self.ranks])
+        return self.collect("param_digest", [r.param_digest.remote() for r in self.ranks])
 
     def __enter__(self) -> LearnerGroup:
         return self

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
@@ -41,20 +43,21 @@ from trainer.policy import TrainedPolicy
 
 def train(cfg: TrainJobConfig) -> dict:
     """Run the training job; returns the summary (also written to run_dir/summary.json)."""
-    validate(cfg)
-    t, run_dir, t_start = cfg.trainer, start_run_dir(cfg), time.time()
+    check(cfg)
+    t, t_start = cfg.trainer, time.time()
+    run_dir, resume_from = start_run_dir(cfg)
     seed_everything(cfg.seed)
-    start_ray(cfg.ray)
+    start_ray(cfg.ray, cfg.cpus_asked())
 
     with ExitStack() as actors:
-        # ---- actors: the rollout fleet, each trained policy's learners, the logger -------
+        # ---- actors: the rollout fleet, each trained policy's learners -------------------
         fleet = actors.enter_context(RolloutFleet(cfg))
         policies = {p: actors.enter_context(TrainedPolicy(cfg, p, fleet)) for p in cfg.trainable_policies()}
-        logger = actors.enter_context(RunLogger(run_dir, cfg.logger.mode, cfg.logger.project, cfg.logger.name,
-                                                asdict(cfg), resume=bool(t.resume)))
 
-        # ---- resume, and the held-out eval before training -----------------------------
-        start = restore(policies, t.resume) if t.resume else 0
+        # ---- resume, the logger, and the held-out eval before training ---------------------
+        start = restore(policies, resume_from) if resume_from else 0
+        logger = actors.enter_context(RunLogger(run_dir, cfg.logger.mode, cfg.logger.project, cfg.logger.name,
+                                                asdict(cfg), resume_step=start if resume_from else None))
         initial = final = evaluate(fleet, cfg, start)
         if initial:
             logger.log(start, trace_metrics(initial, "eval"))
@@ -66,6 +69,7 @@ def train(cfg: TrainJobConfig) -> dict:
             t0 = time.perf_counter()
             traces = [tr for group in fleet.take(t.groups_per_step, t.rollout_timeout_s) for tr in group]
             t_wait = time.perf_counter() - t0
+            check_failures(traces, t.max_failed_fraction, f"the rollout of step {step + 1}")
 
             # ---- per policy: leave out what is too stale, one optimizer step, sync -------
             m = trace_metrics(traces, "rollout")
@@ -80,7 +84,9 @@ def train(cfg: TrainJobConfig) -> dict:
             # ---- log, evaluate, checkpoint ---------------------------------------------
             step_s = time.perf_counter() - t0
             m.update({"perf/rollout_wait_s": t_wait, "perf/step_s": step_s,
-                      "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s})
+                      "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s,
+                      "rollout/engine_restarts": float(fleet.engine_restarts()),
+                      "rollout/retried": float(sum("attempts" in tr.info for tr in traces))})
             done = step + 1
             if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
                 final = evaluate(fleet, cfg, done)
@@ -90,7 +96,7 @@ def train(cfg: TrainJobConfig) -> dict:
             logger.log(done, m)
             logger.status(done, t.steps, m, list(policies))
             if (t.save_every and done % t.save_every == 0) or done == t.steps:
-                save(policies, run_dir, done)
+                save(policies, run_dir, done, t.keep_last)
 
         # ---- summary ---------------------------------------------------------------------
         summary = {**eval_summary(initial, final), "steps": t.steps, "start_step": start,
@@ -101,12 +107,64 @@ def train(cfg: TrainJobConfig) -> dict:
 
 # ---- the pieces train() calls -------------------------------------------------------------
 
-def start_run_dir(cfg: TrainJobConfig) -> Path:
-    """Create run_dir and record the resolved config in it (config.yaml)."""
-    run_dir = Path(cfg.run_dir)
+def check(cfg: TrainJobConfig) -> None:
+    """Everything that can be checked before Ray starts: the config, and what run_dir holds."""
+    validate(cfg)
+    check_run_dir(cfg)
+
+
+def check_run_dir(cfg: TrainJobConfig) -> None:
+    """Refuse, before anything starts, a run_dir that holds a previous run unless the config says
+    what to do with it (trainer.resume or trainer.overwrite), a resume without a checkpoint, and a
+    resume with nothing left to train. Raises ValueError naming the keys."""
+    t, run_dir, source = cfg.trainer, Path(cfg.run_dir), resume_source(cfg)
+    newest = checkpoint.latest(source) if source else None
+    if t.resume and t.resume != "auto" and newest is None:
+        raise ValueError(f"trainer.resume={t.resume!r}: no complete checkpoint under {source}/checkpoints "
+                         f"(trainer.resume=auto starts afresh when there is none)")
+    continues_here = newest is not None and source.resolve() == run_dir.resolve()
+    if previous_run(run_dir) and not (continues_here or t.overwrite or t.resume == "auto"):
+        raise ValueError(f"run_dir={str(run_dir)!r} holds a previous run ({', '.join(previous_run(run_dir))}): "
+                         f"continue it with trainer.resume=auto, start afresh with trainer.overwrite=true "
+                         f"(deletes its outputs), or choose another run_dir")
+    if newest is not None:
+        step = json.loads((newest / "trainer_state.json").read_text())["step"]
+        if step >= t.steps:
+            raise ValueError(f"trainer.resume={t.resume!r}: {newest} is at step {step} of trainer.steps={t.steps}: "
+                             f"nothing left to train; raise trainer.steps, or start afresh with "
+                             f"trainer.overwrite=true and without trainer.resume")
+
+
+def resume_source(cfg: TrainJobConfig) -> Path | None:
+    """The run dir trainer.resume names (run_dir itself for `auto`), or None."""
+    t = cfg.trainer
+    return Path(cfg.run_dir) if t.resume == "auto" else Path(t.resume) if t.resume else None
+
+
+RUN_OUTPUTS = ("checkpoints", "eval", "metrics.jsonl", "summary.json")
+
+
+def previous_run(run_dir: Path) -> list[str]:
+    """The outputs of a previous run in `run_dir` (empty for a fresh or never-started one)."""
+    return [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+
+
+def start_run_dir(cfg: TrainJobConfig) -> tuple[Path, Path | None]:
+    """Create run_dir (deleting a previous run's outputs unless resuming from it) and record the
+    resolved config in it (config.yaml). Returns run_dir and the run dir to resume from (or None)."""
+    run_dir, source = Path(cfg.run_dir), resume_source(cfg)
+    resume_from = source if source and checkpoint.latest(source) else None
+    if resume_from is None or resume_from.resolve() != run_dir.resolve():
+        for name in previous_run(run_dir):
+            print(f"[train] deleting {run_dir / name} of the previous run (trainer.overwrite / resume=auto "
+                  f"without a checkpoint)", flush=True)
+            if (run_dir / name).is_dir():
+                shutil.rmtree(run_dir / name)
+            else:
+                (run_dir / name).unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    return run_dir
+    return run_dir, resume_from
 
 
 def seed_everything(seed: int) -> None:
@@ -121,26 +179,32 @@ def step_tasks(step: int, groups_per_step: int) -> list[int]:
     return list(range(step * groups_per_step, (step + 1) * groups_per_step))
 
 
-def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int) -> None:
-    """One checkpoint of every trained policy at `step`, marked complete once all are written."""
+def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int, keep_last: int) -> None:
+    """One checkpoint of every trained policy at `step`, visible only once all are written; then
+    only the newest `keep_last` are kept."""
+    checkpoint.start(run_dir, step)
     for policy in policies.values():
         policy.save(run_dir, step)
     checkpoint.finish(run_dir, step, {p: policy.version for p, policy in policies.items()})
+    checkpoint.prune(run_dir, keep_last)
 
 
-def restore(policies: dict[str, TrainedPolicy], run_dir: str) -> int:
-    """Every trained policy from the newest complete checkpoint of `run_dir`; returns its step."""
-    ckpt, state = checkpoint.newest_state(run_dir)
-    if "versions" not in state:
-        raise ValueError(f"trainer.resume={run_dir!r}: {ckpt} is in the one-policy layout of older tracerl "
-                         f"versions (hf/ and deepspeed/ at its top); move them into {ckpt}/main/ and write "
-                         f'"versions": {{"main": {state.get("version")}}} into its trainer_state.json')
-    missing = sorted(set(policies) - set(state["versions"]))
-    if missing:
-        raise ValueError(f"trainer.resume={run_dir!r}: {ckpt.name} has no policies {missing} "
-                         f"(it holds {sorted(state['versions'])})")
-    for p, policy in policies.items():
-        policy.restore(ckpt, state["versions"][p])
+def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> int:
+    """Every trained policy from the newest checkpoint of `run_dir` that loads (the one before
+    if the newest is damaged); returns its step."""
+    def load(ckpt: Path, state: dict) -> None:
+        if "versions" not in state:
+            raise ValueError(f"{ckpt} is in the one-policy layout of older tracerl versions (hf/ and deepspeed/ "
+                             f"at its top); move them into {ckpt}/main/ and write "
+                             f'"versions": {{"main": {state.get("version")}}} into its trainer_state.json')
+        missing = sorted(set(policies) - set(state["versions"]))
+        if missing:
+            raise ValueError(f"{ckpt.name} has no policies {missing} (it holds {sorted(state['versions'])})")
+        for p, policy in policies.items():
+            policy.restore(ckpt, state["versions"][p])
+
+    ckpt, state = checkpoint.load_newest(run_dir, load)
+    print(f"[train] resumed from {ckpt} at step {state['step']}", flush=True)
     return state["step"]
 
 
@@ -153,9 +217,21 @@ def evaluate(fleet: RolloutFleet, cfg: TrainJobConfig, step: int) -> list[Trace]
     sampling = SamplingConfig(temperature=e.temperature, max_tokens=e.max_tokens or cfg.sampling.max_tokens)
     traces = fleet.evaluate(e.size, sampling, e.timeout_s)
     write_jsonl(traces, Path(cfg.run_dir) / "eval" / f"step_{step}.jsonl")
+    check_failures(traces, cfg.trainer.max_failed_fraction, f"the eval at step {step}")
     print(f"[train] eval at step {step}: reward {mean_reward(traces):.3f} on {len(traces)} held-out tasks",
           flush=True)
     return traces
+
+
+def check_failures(traces: list[Trace], limit: float, what: str) -> None:
+    """Stop the run (RuntimeError with the commonest errors) when more than `limit` of the traces
+    failed: training or evaluating on failures measures the infrastructure, not the model."""
+    failed = [t.error or "no error recorded" for t in traces if t.status == "failed"]
+    if traces and len(failed) > limit * len(traces):
+        top = Counter(e.strip().splitlines()[0][:300] for e in failed).most_common(3)
+        raise RuntimeError(f"{what}: {len(failed)} of {len(traces)} traces failed, more than "
+                           f"trainer.max_failed_fraction={limit}; the commonest errors: "
+                           + "; ".join(f"{n}x {e}" for e, n in top))
 
 
 def mean_reward(traces: list[Trace]) -> float | None:
@@ -179,7 +255,8 @@ def policy_summary(fleet: RolloutFleet, policies: dict[str, TrainedPolicy]) -> d
     per_policy = {p: {**policy.summary(), "engine_nodes": [i["node_id"] for i in infos if i["policy"] == p],
                       "engine_busy_s": sum(i["busy_s"] for i in infos if i["policy"] == p)}
                   for p, policy in policies.items()}
-    return {"trainable_policies": list(policies), "policies": per_policy,
+    return {"trainable_policies": list(policies), "policies": per_policy, "engine_restarts": fleet.engine_restarts(),
+            "engines_hung": fleet.hung_restarts, "worker_restarts": fleet.worker_restarts,
             "trained_tokens": sum(v["trained_tokens"] for v in per_policy.values()),
             "dropped_stale": sum(v["dropped_stale"] for v in per_policy.values()),
             "engine_busy_s": sum(i["busy_s"] for i in infos),

@@ -33,7 +33,8 @@ def train_metrics(stats: dict[str, float], packing: dict[str, float], policy: st
               "ratio_mean": stats["ratio"] / tokens, "ratio_max": stats["ratio_max"],
               "mismatch_kl": stats["mismatch_kl"] / tokens, "kl_ref": stats["kl_ref"] / tokens,
               "entropy": stats["entropy"] / tokens, "merge_saving": packing["merge_saving"],
-              "padding_fraction": packing["padding_fraction"], "rows": packing["rows"]}
+              "padding_fraction": packing["padding_fraction"], "rows": packing["rows"],
+              "skipped_steps": stats["skipped_steps"]}
     return {f"train/{policy}/{k}": v for k, v in values.items()}
 
 
@@ -95,13 +96,22 @@ def trace_table(traces: list[Trace], decode):
 
 
 class RunLogger:
-    """metrics.jsonl (appended to on resume), wandb unless `mode` is disabled; a context manager."""
+    """metrics.jsonl, wandb unless `mode` is disabled; a context manager.
+
+    `resume_step`: a resumed run keeps the rows up to that step (those after it came from the
+    interrupted run past its checkpoint, and are made again) and appends."""
 
     def __init__(self, run_dir: Path, mode: str, project: str, name: str | None,
-                 config: dict[str, Any], resume: bool = False):
+                 config: dict[str, Any], resume_step: int | None = None):
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
-        self._file = open(self.path, "a" if resume else "w")
+        kept = []
+        if resume_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+        self._file = open(self.path, "w")
+        self._file.writelines(line + "\n" for line in kept)
+        resume = resume_step is not None
         self.wandb = None
         if mode != "disabled":
             import wandb
@@ -132,6 +142,11 @@ class RunLogger:
             parts.append(f"eval {m['eval/reward']:.3f}")
         if m.get("rollout/failed", 0):
             parts.append(f"failed {int(m['rollout/failed'])}")
+        skipped = sum(m.get(f"train/{p}/skipped_steps", 0) for p in policies)
+        if skipped:
+            parts.append(f"skipped {int(skipped)}")
+        if m.get("rollout/engine_restarts", 0):
+            parts.append(f"engine restarts {int(m['rollout/engine_restarts'])}")
         if m.get("async/dropped_stale", 0):
             parts.append(f"dropped {int(m['async/dropped_stale'])}")
         print("[train] " + " | ".join(parts), flush=True)

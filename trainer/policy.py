@@ -39,11 +39,13 @@ class TrainedPolicy:
         self.model_path = fleet.model_paths[name]
         self.format = ChatFormat.from_pretrained(self.model_path)
         self.learners = LearnerGroup(self.model_path, self.learner_cfg, cfg.algorithm.loss,
-                                     cfg.policy_model(name).dtype, cfg.seed, self.format.pad_id)
-        self.sync = ObjectStoreSync(self.learners, fleet.engines[name])
+                                     cfg.policy_model(name).dtype, cfg.seed, self.format.pad_id, name=name)
+        self.sync = ObjectStoreSync(self.learners, fleet.engines[name],
+                                    timeout_s=cfg.policy_engine(name).sync_timeout_s, store=fleet.stores[name])
         self.version = 0  # optimizer steps taken = the engines' weight version
         self.trained_tokens = 0.0  # generated tokens trained on, this process
         self.dropped_stale = 0  # traces this policy left out for staleness, this process
+        self.skipped_in_a_row = 0  # optimizer steps skipped (non-finite) since the last applied one
 
     def __enter__(self) -> TrainedPolicy:
         return self
@@ -73,18 +75,40 @@ class TrainedPolicy:
         batches = pack(rows, self.learner_cfg.micro_batch_tokens, self.format.pad_id)
         m = advantage_metrics(mine, advs, p)
         t0 = time.perf_counter()
+        applied = bool(batches)
         if batches:
-            m.update(train_metrics(self.learners.train_step(batches), packing_stats(rows, batches), p))
-            self.trained_tokens += m[f"train/{p}/trained_tokens"]
+            stats = self.learners.train_step(batches)
+            m.update(train_metrics(stats, packing_stats(rows, batches), p))
+            applied = not self.skipped(stats)
+            self.trained_tokens += m[f"train/{p}/trained_tokens"] if applied else 0.0
         train_s = time.perf_counter() - t0
-        self.version += 1
-        synced = self.sync.push(self.version)
+        if applied or not batches:
+            self.version += 1
+            synced = self.sync.push(self.version)
+        else:  # the weights did not change: the engines keep serving this version
+            synced = {"seconds": 0.0, "bytes_per_s": 0.0}
         m.update({f"perf/{p}/train_s": train_s, f"perf/{p}/sync_s": synced["seconds"],
                   f"sync/{p}/seconds": synced["seconds"], f"sync/{p}/bytes_per_s": synced["bytes_per_s"],
                   f"async/{p}/staleness_mean": float(np.mean(lags or [0])),
                   f"async/{p}/staleness_max": float(max(lags or [0])), f"async/{p}/version": float(self.version),
                   f"async/{p}/dropped_stale": float(self.dropped_stale)})
         return m
+
+    def skipped(self, stats: dict[str, float]) -> bool:
+        """Whether the learners skipped this optimizer step (a non-finite loss or gradient: weights
+        and optimizer state untouched); `trainer.max_skipped_steps` in a row stop the run."""
+        if not stats["skipped"]:
+            self.skipped_in_a_row = 0
+            return False
+        self.skipped_in_a_row += 1
+        limit = self.cfg.trainer.max_skipped_steps
+        print(f"[train] policy {self.name}: optimizer step skipped (non-finite loss or gradient norm "
+              f"{stats['grad_norm']}); {self.skipped_in_a_row} in a row, the run stops at {limit}", flush=True)
+        if self.skipped_in_a_row >= limit:
+            raise RuntimeError(f"policy {self.name}: {limit} optimizer steps in a row had a non-finite loss or "
+                               f"gradient and were skipped (trainer.max_skipped_steps={limit}); the weights "
+                               f"are those of version {self.version}: check the rewards, the advantages and lr")
+        return True
 
     def save(self, run_dir: Path, step: int) -> None:
         checkpoint.save_policy(self.learners, self.model_path, run_dir, step, self.name)

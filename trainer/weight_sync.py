@@ -25,18 +25,41 @@ class WeightSync(Protocol):
 
 
 class ObjectStoreSync:
-    def __init__(self, learners: LearnerGroup, engines: list, bucket_bytes: int = 64 << 20):
+    def __init__(self, learners: LearnerGroup, engines: list, bucket_bytes: int = 64 << 20,
+                 timeout_s: float = 600.0, store=None):
         self.learners = learners
         self.engines = list(engines)  # Engine actor handles of this policy
+        self.store = store  # the policy's WeightStore: what a restarted engine loads
         self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s  # engine.sync_timeout_s
 
     def push(self, version: int) -> dict[str, float]:
         """Send the learners' current weights to every engine as `version`; returns timings."""
         t0 = time.perf_counter()
         buckets = self.learners.export_weights(self.bucket_bytes)  # ObjectRef: stays in the store
-        ray.wait([buckets], fetch_local=False)  # rank 0 has finished serialising
+        limit = self.learners.cfg.call_timeout_s
+        if not ray.wait([buckets], timeout=limit, fetch_local=False)[0]:  # rank 0 has finished serialising
+            raise TimeoutError(f"weight sync of version {version} of policy {self.learners.name!r}: learner "
+                               f"rank 0 did not export the weights within learner.call_timeout_s={limit}")
         t_export = time.perf_counter() - t0
-        results = ray.get([e.update_weights.remote(version, buckets) for e in self.engines])
+        if self.store is not None:  # first, so an engine that restarts from now on loads this version
+            ray.get(self.store.publish.remote(version, [buckets]), timeout=60)
+        loads = [e.update_weights.remote(version, buckets) for e in self.engines]
+        ready, late = ray.wait(loads, num_returns=len(loads), timeout=self.timeout_s)
+        if late:
+            late_ids = [i for i, ref in enumerate(loads) if ref in late]
+            raise TimeoutError(f"weight sync of version {version} of policy {self.learners.name!r}: engines "
+                               f"{late_ids} did not load it within engine.sync_timeout_s={self.timeout_s}")
+        results = []
+        for i, ref in enumerate(loads):
+            try:
+                results.append(ray.get(ref))
+            except ray.exceptions.RayActorError:
+                if self.store is None:
+                    raise
+                # It died during the load: Ray restarts it, and it loads this version from the store.
+                print(f"[sync] engine {i} of policy {self.learners.name!r} died while loading version {version}; "
+                      f"it restarts with it", flush=True)
         seconds = time.perf_counter() - t0
         nbytes = results[0]["bytes"] if results else 0.0
         return {"seconds": seconds, "export_seconds": t_export,

@@ -63,7 +63,7 @@ def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConf
 
 
 def bench_path(cfg: GenerateJobConfig, n: int, rounds: int) -> list[dict]:
-    start_ray(cfg.ray)
+    start_ray(cfg.ray, cfg.cpus_asked())
 
     def timed(fleet: RolloutFleet, k: int) -> dict:
         t0 = time.perf_counter()

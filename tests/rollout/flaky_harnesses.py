@@ -56,3 +56,9 @@ async def hostile_answer(task, agents):
 
         return ReasoningGymTasks("countdown", eval_size=0).train_task(0).score("<answer>9**9**9**9</answer>")
     return task.score(text)
+
+
+async def broken(task, agents):
+    """One model call, then always fails, as a harness whose tool server is down would."""
+    await agents["solver"].chat(task.prompt, max_tokens=4)
+    raise ConnectionError("tool server at localhost:9 refused the connection")

@@ -89,3 +89,24 @@ def test_update_weights_tied_embeddings(ray_cluster, tiny_tied_path, engine_cfg)
 def test_prompt_too_long_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="exceeds model.max_model_len"):
         ray.get(engine.generate.remote([5] * 2040, SamplingConfig(max_tokens=64)))
+
+
+def test_a_request_past_its_deadline_is_aborted_and_named(engine, tiny_tokenizer):
+    """engine.request_timeout_s: the router cancels a request that runs past it (vLLM aborts the
+    sequence) and raises an error naming the engine; the engine goes on serving."""
+    import asyncio
+    import time
+
+    from rollout.router import EngineError, Router
+
+    prompt = chat_prompt(tiny_tokenizer)
+    long = SamplingConfig(max_tokens=1000, ignore_eos=True)
+    with pytest.raises(EngineError, match=r"engine 0 of policy 'main' did not answer a request within "
+                                           r"engine.request_timeout_s=0.2"):
+        asyncio.run(Router([engine], "main", timeout_s=0.2).generate("trace-1", prompt, long))
+    deadline = time.monotonic() + 10
+    while ray.get(engine.info.remote())["active"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.get(engine.info.remote())["active"] == 0, "the request was aborted, not left running"
+    [c] = asyncio.run(Router([engine], "main").generate("trace-1", prompt, SamplingConfig(max_tokens=4)))
+    assert 0 < len(c.completion_ids) <= 4

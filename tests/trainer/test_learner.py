@@ -10,7 +10,8 @@ from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig, microbatch_loss
 
 
-@pytest.fixture(scope="module", params=[2, pytest.param(3, marks=pytest.mark.slow)], ids=["zero2", "zero3"])
+@pytest.fixture(scope="module", params=[0, 2, pytest.param(3, marks=pytest.mark.slow)],
+                ids=["zero0", "zero2", "zero3"])
 def group(request, ray_cluster, tiny_path):
     cfg = LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=request.param, lr=1e-4, grad_clip=0.0)
     g = LearnerGroup(tiny_path, cfg, LossConfig())
@@ -25,8 +26,31 @@ def test_ranks_stay_identical_and_loss_goes_down(group, fixed_batch):
     assert a == b
 
 
+def test_a_non_finite_loss_skips_the_step_on_every_rank_and_training_goes_on(group, fixed_batch):
+    """A NaN advantage on one rank's micro-batch: no rank changes its weights or optimizer state (the
+    group has trained before, so an optimizer step on zero gradients would still move them), the
+    step is counted as skipped, and the next good batch trains as usual."""
+    import copy
+
+    from safetensors.torch import load
+
+    before = group.param_digests()
+    bad = copy.deepcopy(fixed_batch)
+    bad[0].advantages[0, :] = np.nan
+    out = group.train_step(bad)
+    assert out["skipped"] == 1.0
+    assert group.param_digests() == before
+    good = group.train_step(fixed_batch)
+    assert good["skipped"] == 0.0 and good["skipped_steps"] == out["skipped_steps"]
+    after = group.param_digests()
+    assert after[0] != before[0] and after[0] == after[1]
+    for bucket in ray.get(group.export_weights()):
+        assert all(torch.isfinite(t).all() for t in load(bucket).values())
+
+
 def test_export_equals_consolidated_state(group, tmp_path):
-    """Rank 0's export equals DeepSpeed's own consolidation of a saved (ZeRO-partitioned) checkpoint."""
+    """Rank 0's export equals DeepSpeed's own consolidation of a saved (ZeRO-partitioned) checkpoint
+    (under ZeRO-0: the module state it saved)."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from safetensors.torch import load
 
@@ -36,7 +60,11 @@ def test_export_equals_consolidated_state(group, tmp_path):
     for b in buckets:
         exported.update(load(b))
     group.save(str(tmp_path))
-    consolidated = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), tag="state")
+    if group.cfg.zero_stage == 0:  # nothing partitioned: DeepSpeed saves the module's state as it is
+        [states] = tmp_path.rglob("mp_rank_00_model_states.pt")
+        consolidated = torch.load(states, weights_only=False)["module"]
+    else:
+        consolidated = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path), tag="state")
     assert set(exported) <= set(consolidated)
     for name, t in exported.items():
         assert torch.equal(t, consolidated[name].float()), name

@@ -3,6 +3,14 @@ by its own learners on its own roles' sequences only, serves its own weights fro
 engines, and keeps its own version clock; a frozen policy never changes. Real vLLM engines,
 DeepSpeed ranks and Ray actors on the tiny model."""
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import msgspec
 import pytest
 import ray
@@ -12,10 +20,12 @@ from safetensors.torch import load_file
 from rollout.fleet import RolloutFleet
 from rollout.trace import Trace
 from tests.conftest import read_metrics
+from trainer import checkpoint
 from trainer.config import compose, validate
 from trainer.loop import train
 from trainer.policy import TrainedPolicy
 
+ROOT = Path(__file__).resolve().parents[2]
 TWO_POLICIES = ["experiment=smoke", "harness=solver_verifier", "agents.solver=main", "agents.verifier=critic",
                 "+policies.critic.trainable=true", "learner.world_size=1", "eval.size=0"]
 
@@ -102,11 +112,24 @@ def test_two_policies_async_stay_within_the_bound_of_their_own_clock(ray_cluster
 
 @pytest.mark.slow
 def test_resume_with_two_policies_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):
-    common = [*TWO_POLICIES, "trainer.save_every=2", "trainer.groups_per_step=4"]
+    """scripts/train.py SIGKILLed in step 3 (after its step-2 checkpoint), then the same command
+    with trainer.resume=auto: the run ends where the uninterrupted one does, step by step."""
+    common = [*TWO_POLICIES, "trainer.save_every=2", "trainer.groups_per_step=4", "trainer.steps=4"]
     straight, halves = tmp_path / "straight", tmp_path / "halves"
-    train(compose("train", [*common, f"run_dir={straight}", "trainer.steps=4"]))
-    train(compose("train", [*common, f"run_dir={halves}", "trainer.steps=2"]))
-    summary = train(compose("train", [*common, f"run_dir={halves}", "trainer.steps=4", f"trainer.resume={halves}"]))
+    train(compose("train", [*common, f"run_dir={straight}"]))
+    driver = subprocess.Popen([sys.executable, "scripts/train.py", *common, f"run_dir={halves}"], cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while checkpoint.latest(halves) is None and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert checkpoint.latest(halves).name == "step_000002" and driver.poll() is None
+        driver.kill()  # SIGKILL: no cleanup, no final checkpoint
+        driver.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # the Ray processes it started
+    summary = train(compose("train", [*common, f"run_dir={halves}", "trainer.resume=auto"]))
     assert summary["start_step"] == 2
     assert {p: v["version"] for p, v in summary["policies"].items()} == {"main": 4, "critic": 4}
     for p in ("main", "critic"):

@@ -1,0 +1,186 @@
+"""Faults a long run meets, on the real stack: checkpoints cut short, a damaged checkpoint, a
+reused run dir, a learner rank that dies or hangs, a harness that always fails."""
+
+import contextlib
+import json
+import threading
+import time
+from dataclasses import replace
+
+import psutil
+import pytest
+import ray
+
+from rollout.trace import Sequence, Trace
+from tests.conftest import read_metrics
+from trainer import checkpoint
+from trainer.config import compose
+from trainer.learner import LearnerConfig
+from trainer.learner_group import LearnerGroup
+from trainer.losses import LossConfig
+from trainer.loop import check_failures, check_run_dir, start_run_dir, train
+
+
+def fake_checkpoint(run_dir, step, complete=True):
+    """A checkpoint folder as `save` leaves it (complete) or as a killed save leaves it (partial)."""
+    checkpoint.start(run_dir, step)
+    (checkpoint.partial_dir(run_dir, step) / "main").mkdir()
+    if complete:
+        checkpoint.finish(run_dir, step, {"main": step})
+
+
+def test_a_save_cut_short_is_never_resumed_from_and_prune_keeps_the_newest(tmp_path):
+    for step in (2, 4, 6):
+        fake_checkpoint(tmp_path, step)
+    fake_checkpoint(tmp_path, 8, complete=False)  # the process died while writing step 8
+    assert checkpoint.latest(tmp_path).name == "step_000006"
+    assert [d.name for d in checkpoint.prune(tmp_path, keep_last=2)] == ["step_000002"]
+    assert [d.name for d in checkpoint.complete(tmp_path)] == ["step_000004", "step_000006"]
+    fake_checkpoint(tmp_path, 8)  # saving step 8 again replaces the leftover
+    assert checkpoint.latest(tmp_path).name == "step_000008"
+    assert not checkpoint.partial_dir(tmp_path, 8).exists()
+
+
+def test_a_reused_run_dir_is_refused_unless_resumed_or_overwritten(tmp_path):
+    def cfg(*overrides):
+        return compose("train", ["experiment=smoke", f"run_dir={tmp_path}", "trainer.steps=4", *overrides])
+
+    check_run_dir(cfg())  # empty: fine
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(ValueError, match="holds a previous run.*trainer.resume=auto.*trainer.overwrite=true"):
+        check_run_dir(cfg())
+    with pytest.raises(ValueError, match="trainer.resume=.*no complete checkpoint"):
+        check_run_dir(cfg(f"trainer.resume={tmp_path}"))
+    check_run_dir(cfg("trainer.resume=auto"))  # no checkpoint: auto starts afresh
+    assert start_run_dir(cfg("trainer.resume=auto")) == (tmp_path, None)
+    assert not (tmp_path / "metrics.jsonl").exists(), "the previous run's outputs are deleted"
+
+    fake_checkpoint(tmp_path, 2)
+    check_run_dir(cfg("trainer.resume=auto"))
+    assert start_run_dir(cfg("trainer.resume=auto")) == (tmp_path, tmp_path)
+    assert checkpoint.latest(tmp_path), "resuming keeps the checkpoints"
+    with pytest.raises(ValueError, match="nothing left to train"):
+        check_run_dir(cfg("trainer.resume=auto", "trainer.steps=2"))
+    check_run_dir(cfg("trainer.overwrite=true"))
+    start_run_dir(cfg("trainer.overwrite=true"))
+    assert checkpoint.latest(tmp_path) is None
+
+
+def test_too_many_failed_traces_stop_with_the_commonest_errors():
+    def trace(i, error=None):
+        return Trace(f"t{i}", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=0.0,
+                     status="failed" if error else "ok", error=error)
+
+    check_failures([trace(0, "KeyError: 'x'"), trace(1), trace(2)], 0.5, "step 3")  # 1 of 3: goes on
+    traces = [trace(0, "KeyError: 'x'\n  at line 3"), trace(1, "KeyError: 'x'"), trace(2, "OSError: disk"), trace(3)]
+    with pytest.raises(RuntimeError, match=r"step 3: 3 of 4 traces failed.*max_failed_fraction=0.5.*2x KeyError: 'x'; 1x OSError"):
+        check_failures(traces, 0.5, "step 3")
+    check_failures(traces, 1.0, "step 3")  # 1: never stop
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank_is_named(
+        ray_cluster, tiny_path, fixed_batch, tmp_path):
+    cfg = LearnerConfig(world_size=1, num_cpus=0.5, zero_stage=0, lr=1e-3)
+    group = LearnerGroup(tiny_path, cfg, LossConfig(), name="solver")
+    try:
+        digests = {}
+        for step in (1, 2):
+            group.train_step(fixed_batch)
+            digests[step] = group.param_digests()[0]
+            checkpoint.start(tmp_path, step)
+            checkpoint.save_policy(group, tiny_path, tmp_path, step, "solver")
+            checkpoint.finish(tmp_path, step, {"solver": step})
+        assert digests[1] != digests[2]
+        [states] = (checkpoint.step_dir(tmp_path, 2) / "solver" / "deepspeed").rglob("mp_rank_00_model_states.pt")
+        states.write_bytes(states.read_bytes()[:1000])  # the disk filled up after the rename
+        group.train_step(fixed_batch)
+        ckpt, state = checkpoint.load_newest(
+            tmp_path, lambda d, s: checkpoint.restore_policy(group, d, "solver"))
+        assert (ckpt.name, state["step"]) == ("step_000001", 1)
+        assert group.param_digests()[0] == digests[1], "the learner holds step 1's weights"
+
+        group.cfg = replace(cfg, call_timeout_s=1e-3)  # no train step answers within a millisecond
+        with pytest.raises(TimeoutError, match=r"learner train_step of policy 'solver': rank 0 on node \w+ did "
+                                               r"not answer within learner.call_timeout_s=0.001"):
+            group.train_step(fixed_batch)
+        group.cfg = cfg
+        ray.kill(group.ranks[0])
+        with pytest.raises(RuntimeError, match="learner param_digest of policy 'solver': rank 0 on node .* died"):
+            group.param_digests()
+    finally:
+        group.shutdown()
+
+
+def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path):
+    cfg = compose("train", ["experiment=smoke", f"run_dir={tmp_path}", "trainer.steps=3", "eval.size=0",
+                            "harness._target_=tests.rollout.flaky_harnesses.broken", "harness.name=broken"])
+    with pytest.raises(RuntimeError, match=r"the rollout of step 1: 64 of 64 traces failed.*64x ConnectionError: "
+                                           r"tool server at localhost:9 refused"):
+        train(cfg)
+    assert not (tmp_path / "checkpoints").exists(), "nothing was trained"
+
+
+def actor_process(prefix: str, method: str) -> psutil.Process:
+    """The process of the live actor named `prefix`<id> (engines are tracerl-engine-<policy>-<i>-<id>,
+    workers tracerl-worker-<i>-<id>), from its `method`'s answer {"pid": ...}."""
+    [actor] = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+    return psutil.Process(ray.get(getattr(handle, method).remote(), timeout=120)["pid"])
+
+
+def wait_for_step(run_dir, step: int, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        path = run_dir / "metrics.jsonl"
+        if path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines()
+                                 if '"rollout/reward"' in line):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"step {step} never came")
+
+
+def test_a_run_survives_a_killed_engine_a_killed_worker_and_a_hung_engine(ray_cluster, tmp_path):
+    """SIGKILL of the trained policy's engine in step 2 and of the rollout worker in step 3, SIGSTOP
+    of the frozen policy's engine in step 4: Ray restarts the first two, the watchdog finds the
+    third hung and has it restarted; the episodes they cut short run again. Every step still
+    trains exactly its groups, none failed, and the restarted engine samples from the learner's
+    weights (the importance ratio stays at 1 to float noise, as it would not if it served the
+    base model)."""
+    steps, hit = 5, []
+
+    def fault(after_step: int, prefix: str, method: str, how: str) -> None:
+        wait_for_step(tmp_path, after_step)
+        time.sleep(0.5)  # into the next step's rollout
+        proc = actor_process(prefix, method)
+        hit.extend([proc, *proc.children(recursive=True)])
+        getattr(proc, how)()
+
+    def faults():
+        fault(1, "tracerl-engine-main-0-", "info", "kill")  # SIGKILL
+        fault(2, "tracerl-worker-0-", "stats", "kill")
+        fault(3, "tracerl-engine-frozen-0-", "info", "suspend")  # SIGSTOP: alive, never answers
+
+    injector = threading.Thread(target=faults, daemon=True)
+    cfg = compose("train", ["experiment=smoke", f"run_dir={tmp_path}", f"trainer.steps={steps}", "eval.size=0",
+                            "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
+                            "engine.health_check_s=2", "engine.health_timeout_s=10", "engine.request_timeout_s=30"])
+    injector.start()
+    try:
+        summary = train(cfg)
+    finally:
+        for proc in hit:  # what Ray's kill left behind (vLLM's engine-core children)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+    injector.join(timeout=1)
+    assert not injector.is_alive(), "all three faults were injected"
+    assert summary["engine_restarts"] == 2 and summary["engines_hung"] == 1, summary
+    rows = [m for m in read_metrics(tmp_path) if "rollout/reward" in m]
+    assert [m["step"] for m in rows] == list(range(1, steps + 1))
+    assert all(m["rollout/traces"] == 64 and m["rollout/failed"] == 0 for m in rows), rows
+    assert rows[1]["rollout/retried"] > 0, "the killed engine's episodes ran again"
+    restarts = [m["rollout/engine_restarts"] for m in rows]
+    assert restarts[0] == 0 and restarts[1] == 1 and restarts[-1] == 2, restarts
+    assert summary["worker_restarts"] == 1
+    # the engine's behaviour log-probs are the learner's to float noise at every step (base weights
+    # served after a restart would put the importance ratio far from 1 at these learning rates)
+    assert max(abs(m["train/main/ratio_max"] - 1) for m in rows) < 1e-3, [m["train/main/ratio_max"] for m in rows]

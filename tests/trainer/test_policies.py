@@ -114,7 +114,10 @@ def test_two_policies_async_stay_within_the_bound_of_their_own_clock(ray_cluster
 def test_resume_with_two_policies_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):
     """scripts/train.py SIGKILLed in step 3 (after its step-2 checkpoint), then the same command
     with trainer.resume=auto: the run ends where the uninterrupted one does, step by step."""
-    common = [*TWO_POLICIES, "trainer.save_every=2", "trainer.groups_per_step=4", "trainer.steps=4"]
+    # no health probes: a probe request changes an engine's batch composition, and with it the last
+    # bits of vLLM's log-probs, which this weights comparison (to 1e-4) is sensitive to
+    common = [*TWO_POLICIES, "trainer.save_every=2", "trainer.groups_per_step=4", "trainer.steps=4",
+              "engine.health_check_s=0"]
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     train(compose("train", [*common, f"run_dir={straight}"]))
     driver = subprocess.Popen([sys.executable, "scripts/train.py", *common, f"run_dir={halves}"], cwd=ROOT,

@@ -27,6 +27,7 @@ import ray
 from rollout.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
 from rollout.config import RolloutJobConfig, SamplingConfig
 from rollout.models import resolve_model
+from rollout.router import wait_until_restarted
 from rollout.trace import Trace
 
 
@@ -206,17 +207,3 @@ def actor_state(actor) -> str:
     except Exception:
         return "ALIVE"
 
-
-def wait_until_restarted(method, timeout_s: float) -> bool:
-    """Call an actor's `method` until it answers, up to `timeout_s`: while Ray restarts a dead actor,
-    calls to it fail at once (ActorUnavailableError). False if it is dead for good or never answers."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            ray.get(method.remote(), timeout=max(deadline - time.monotonic(), 0.1))
-            return True
-        except ray.exceptions.ActorUnavailableError:
-            time.sleep(1.0)
-        except Exception:
-            return False
-    return False

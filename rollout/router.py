@@ -56,14 +56,20 @@ class Router:
 
     async def wait_until_back(self, engine) -> None:
         """Wait (up to restart_timeout_s) until Ray has restarted a dead engine, so that the retried
-        episode finds it up: while it restarts, calls fail at once (ActorUnavailableError)."""
-        deadline = time.monotonic() + self.restart_timeout_s
-        while time.monotonic() < deadline:
-            try:
-                await asyncio.wait_for(asyncio.wrap_future(engine.info.remote().future()),
-                                       max(deadline - time.monotonic(), 0.1))
-                return
-            except ray.exceptions.ActorUnavailableError:
-                await asyncio.sleep(1.0)
-            except Exception:  # dead for good (out of restarts), or past the deadline
-                return
+        episode finds it up."""
+        await asyncio.to_thread(wait_until_restarted, engine.info, self.restart_timeout_s)
+
+
+def wait_until_restarted(method, timeout_s: float) -> bool:
+    """Call an actor's `method` until it answers, up to `timeout_s`: while Ray restarts a dead actor,
+    calls to it fail at once (ActorUnavailableError). False if it is dead for good or never answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(method.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+            return True
+        except ray.exceptions.ActorUnavailableError:
+            time.sleep(1.0)
+        except Exception:
+            return False
+    return False

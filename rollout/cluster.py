@@ -17,7 +17,7 @@ from typing import Any, Callable
 import ray
 
 from rollout.buffer import TraceBuffer
-from rollout.config import EngineConfig, ModelConfig, RayConfig, RolloutJobConfig
+from rollout.config import EngineConfig, LoraConfig, ModelConfig, RayConfig, RolloutJobConfig
 from rollout.engine import Engine, WeightStore
 from rollout.worker import RolloutWorker
 
@@ -75,24 +75,25 @@ def await_started(actors: list, ready: list, timeout_s: float, what: str, resour
 
 
 def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed: int = 0,
-                  stores: dict | None = None) -> dict[str, list]:
-    """Start every policy's engines at once — `policy: (model folder, model, engine settings)`,
-    `num_engines` Engine actors each, with that policy's Ray resources — and wait until all are up.
-    With `stores` (policy -> WeightStore, see spawn_stores) Ray restarts a dead engine up to
-    `engine.max_restarts` times, and it comes back with the policy's newest weights."""
-    engines, asks, stores = {}, {}, stores or {}
-    for policy, (model_path, model, cfg) in pools.items():
+                  stores: dict | None = None, adapters: dict[str, dict[str, LoraConfig]] | None = None) -> dict[str, list]:
+    """Start every pool's engines at once — `pool: (model folder, model, engine settings)`,
+    `num_engines` Engine actors each, with that pool's Ray resources — and wait until all are up.
+    `stores`: pool -> {policy: WeightStore} of the policies it takes weight pushes of (see
+    spawn_stores); with them Ray restarts a dead engine up to `engine.max_restarts` times, and
+    it comes back with their newest weights. `adapters`: pool -> {LoRA policy: its settings}."""
+    engines, asks, stores, adapters = {}, {}, stores or {}, adapters or {}
+    for pool, (model_path, model, cfg) in pools.items():
         cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None)(Engine)
-        restarts = cfg.max_restarts if policy in stores else 0
-        engines[policy] = [cls.options(max_concurrency=1000, max_restarts=restarts,
-                                       name=f"tracerl-engine-{policy}-{i}-{uuid.uuid4().hex[:8]}").remote(
-            model_path, cfg, policy=policy, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i,
-            store=stores.get(policy), index=i) for i in range(cfg.num_engines)]
-        asks[policy] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources}
+        restarts = cfg.max_restarts if stores.get(pool) else 0
+        engines[pool] = [cls.options(max_concurrency=1000, max_restarts=restarts,
+                                     name=f"tracerl-engine-{pool}-{i}-{uuid.uuid4().hex[:8]}").remote(
+            model_path, cfg, policy=pool, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i,
+            stores=stores.get(pool), index=i, adapters=adapters.get(pool)) for i in range(cfg.num_engines)]
+        asks[pool] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources}
     # Surface a failed start (bad model, too little memory, no room to place it) here.
     everyone = [e for pool in engines.values() for e in pool]
     await_started(everyone, [e.info.remote() for e in everyone], max(c.start_timeout_s for *_, c in pools.values()),
-                  f"engines of policies {sorted(pools)} (engine.start_timeout_s)", asks)
+                  f"engines of {sorted(pools)} (engine.start_timeout_s)", asks)
     return engines
 
 

@@ -74,15 +74,33 @@ class EngineConfig:
 
 
 @dataclass
+class LoraConfig:
+    """A LoRA adapter on the policy's model (PEFT on the learner, vLLM multi-LoRA on the engine)."""
+
+    rank: int = 16  # r: the adapter's inner dimension
+    alpha: float = 32.0  # scaling numerator: the update is (alpha / rank) * B @ A
+    dropout: float = 0.0  # on the adapter's input while training (0 keeps learner and engine exact)
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))  # module names adapted
+
+
+# Attention and MLP projections of Llama/Qwen2-style models (SmolLM2, the tiny model).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+
+
+@dataclass
 class PolicyConfig:
     """One policy: a set of weights with its own engines (and, if trainable, its own learner ranks).
     Each section overrides the top-level one of the same name, key by key; setting `model.name`
-    or `model.path` serves a different model (e.g. a bigger frozen judge)."""
+    or `model.path` serves a different model (e.g. a bigger frozen judge). With `lora` the policy
+    is an adapter on its model: it shares the engines of every policy on the same base model that
+    is an adapter or frozen, and trains only the adapter."""
 
     trainable: bool = True  # False: served, never trained
     model: dict[str, Any] = field(default_factory=dict)  # overrides of `model`
     engine: dict[str, Any] = field(default_factory=dict)  # overrides of `engine`
     learner: dict[str, Any] = field(default_factory=dict)  # overrides of `learner` (training only)
+    lora: LoraConfig | None = None  # set (e.g. `+policies.a.lora.rank=16`): a LoRA adapter on `model`
 
 
 # What `policies:` holds before the config adds to it: `main` trained from `model`, `frozen` the same model untrained.
@@ -101,6 +119,15 @@ def override(base, overrides: dict[str, Any], key: str):
     try:
         conf = OmegaConf.structured(base)
         for name, value in overrides.items():
+            if isinstance(value, dict) and conf.get(name, "") is None:
+                # a section that is off (None, e.g. `lora`): its schema's defaults, then the given keys
+                section = _section_type(type(base), name)
+                try:
+                    value = OmegaConf.merge(OmegaConf.structured(section), value)
+                except OmegaConfBaseException as e:
+                    reason = str(e).splitlines()[0]
+                    raise ValueError(f"{key}.{name}.{getattr(e, 'full_key', '')}: {reason} (fields: "
+                                     f"{', '.join(f.name for f in dataclasses.fields(section))})") from None
             conf[name] = value
         return OmegaConf.to_object(conf)
     except OmegaConfBaseException as e:
@@ -108,6 +135,14 @@ def override(base, overrides: dict[str, Any], key: str):
         reason = str(e).splitlines()[0]
         raise ValueError(f"{key}.{field_name}: {reason} (fields: {', '.join(f.name for f in dataclasses.fields(base))})"
                          if field_name else f"{key}: {reason}") from None
+
+
+def _section_type(cls, name: str) -> type:
+    """The dataclass type of `cls`'s optional section `name` (`X | None`)."""
+    import typing
+
+    hint = typing.get_type_hints(cls)[name]
+    return next(t for t in typing.get_args(hint) if dataclasses.is_dataclass(t))
 
 
 @dataclass
@@ -186,9 +221,34 @@ class RolloutJobConfig:
     def policy_engine(self, policy: str) -> EngineConfig:
         return override(self.engine, self.policy_table()[policy].engine, f"policies.{policy}.engine")
 
+    def policy_lora(self, policy: str) -> LoraConfig | None:
+        return self.policy_table()[policy].lora
+
+    def engine_pools(self) -> dict[str, list[str]]:
+        """Which used policies share engines: pool name -> its policies (sorted). A LoRA policy's
+        engines serve its base model with every adapter on that base, and the base itself to the
+        frozen policies of the same model; every other policy has its own pool, named after it."""
+        def base(p: str) -> tuple:
+            m = self.policy_model(p)
+            return m.name, m.path, m.dtype, m.max_model_len
+
+        table, pools = self.policy_table(), {}
+        adapters = [p for p in self.used_policies() if table[p].lora is not None]
+        for p in self.used_policies():
+            if table[p].lora is None and (table[p].trainable or all(base(a) != base(p) for a in adapters)):
+                pools[p] = [p]
+        for key in dict.fromkeys(base(a) for a in adapters):
+            members = [p for p in self.used_policies() if p not in pools and base(p) == key]
+            pools["+".join(members)] = members
+        return pools
+
+    def pool_engine(self, pool: list[str]) -> EngineConfig:
+        """The engine settings of a pool (its policies must agree on them: validate_policies)."""
+        return self.policy_engine(pool[0])
+
     def cpus_asked(self) -> float:
-        """Ray CPUs the job's actors ask for together: every used policy's engines (workers ask none)."""
-        return sum(e.num_cpus * e.num_engines for e in map(self.policy_engine, self.used_policies()))
+        """Ray CPUs the job's actors ask for together: every engine pool's engines (workers ask none)."""
+        return sum(e.num_cpus * e.num_engines for e in map(self.pool_engine, self.engine_pools().values()))
 
 
 @dataclass
@@ -269,6 +329,26 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
         if engine.num_engines < 1 or engine.kv_cache_gb <= 0:
             where = f"policies.{policy}.engine" if table[policy].engine else "engine"
             raise ValueError(f"{where}.num_engines must be >= 1 and {where}.kv_cache_gb > 0")
+        lora = table[policy].lora
+        if lora is not None:
+            where = f"policies.{policy}.lora"
+            if not table[policy].trainable:
+                raise ValueError(f"{where} is set but policy {policy!r} is not trainable: an untrained adapter "
+                                 f"is its base model; map the role to a frozen policy of that model instead")
+            if not 1 <= lora.rank <= VLLM_LORA_RANKS[-1]:
+                raise ValueError(f"{where}.rank={lora.rank} must be in [1, {VLLM_LORA_RANKS[-1]}] (vLLM's largest)")
+            if not lora.target_modules:
+                raise ValueError(f"{where}.target_modules is empty; e.g. {list(LORA_TARGETS)}")
+            if lora.dropout != 0:
+                raise ValueError(f"{where}.dropout={lora.dropout}: the learner must score what the engine "
+                                 f"sampled, which has no dropout; set it to 0")
+    for name, pool in cfg.engine_pools().items():
+        first = cfg.pool_engine(pool)
+        for policy in pool[1:]:
+            if cfg.policy_engine(policy) != first:
+                raise ValueError(f"policies {pool} share engines (LoRA adapters and frozen policies of one base "
+                                 f"model) but their engine settings differ ({pool[0]!r} vs {policy!r}): set "
+                                 f"policies.<name>.engine the same for all of them, or only on none")
 
 
 def register_configs() -> None:

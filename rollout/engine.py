@@ -9,21 +9,30 @@ resets the prefix cache, and tags every later output with `version`. The same
 class runs vLLM's CPU build and the CUDA build; only EngineConfig differs.
 
 An engine that dies is restarted by Ray (`engine.max_restarts`) with the same
-arguments; before its first request it loads its policy's newest weights and
-version from the policy's `WeightStore`, so nothing it serves is older than
-what the run had pushed. `health()` is the watchdog's probe (rollout/fleet.py).
+arguments; before its first request it loads its policies' newest weights and
+versions from their `WeightStore`s, so nothing it serves is older than what the
+run had pushed. `health()` is the watchdog's probe (rollout/fleet.py).
+
+LoRA: an engine started with `adapters` (policy -> LoraConfig) serves its base
+model and each adapter side by side (vLLM multi-LoRA). A request names its
+policy; an adapter policy's request carries that adapter and its own version.
+`update_weights(version, buckets, policy)` of an adapter replaces only that
+adapter; until its first push an adapter is its base (PEFT starts lora_B at 0).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
-from rollout.config import EngineConfig, SamplingConfig
+from rollout.config import EngineConfig, LoraConfig, SamplingConfig
 
 
 @dataclass
@@ -45,10 +54,16 @@ def _vllm_env() -> None:
 
 
 def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
-                max_model_len: int = 2048, seed: int = 0):
-    """vLLM engine arguments for one engine; CPU and GPU differ only in KV-cache sizing and prefill chunking."""
+                max_model_len: int = 2048, seed: int = 0, adapters: dict[str, LoraConfig] | None = None):
+    """vLLM engine arguments for one engine; CPU and GPU differ only in KV-cache sizing and prefill
+    chunking. With `adapters`, LoRA slots for all of them at once (none is ever evicted)."""
     _vllm_env()
     from vllm import AsyncEngineArgs
+
+    from rollout.lora import vllm_max_rank
+
+    lora = ({"enable_lora": True, "max_loras": len(adapters), "max_cpu_loras": len(adapters),
+             "max_lora_rank": vllm_max_rank([a.rank for a in adapters.values()])} if adapters else {})
 
     on_gpu = cfg.num_gpus > 0
     return AsyncEngineArgs(
@@ -67,6 +82,7 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
         # One engine-core process; the worker runs inside it (no extra process).
         distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else None,
         disable_log_stats=True,
+        **lora,
         **({"gpu_memory_utilization": cfg.gpu_memory_utilization} if on_gpu
            else {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30),
                  # A chunked prefill discards its sampled token and rewinds the request's
@@ -95,56 +111,66 @@ class Engine:
 
     def __init__(self, model_path: str, cfg: EngineConfig, policy: str = "main",
                  dtype: str = "float32", max_model_len: int = 2048, seed: int = 0,
-                 store=None, index: int = 0):
-        """`store`: the policy's WeightStore actor (None: always the weights in `model_path`);
-        `index`: this engine's place in the policy's pool (the store counts its starts)."""
+                 stores: dict | None = None, index: int = 0, adapters: dict[str, LoraConfig] | None = None):
+        """`policy`: the pool's name (its policies joined by "+" when it serves adapters);
+        `stores`: policy -> its WeightStore actor, for each policy whose weights this engine takes
+        pushes of (none: always the weights in `model_path`); `index`: this engine's place in the
+        pool (the stores count its starts); `adapters`: LoRA policy -> its adapter settings."""
         _vllm_env()
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.policy = policy
-        self.version = 0
+        self.version = 0  # of the base weights
         self.cfg = cfg
+        self.model_path = model_path
+        self.adapters = dict(adapters or {})
+        self.adapter_versions = {p: 0 for p in self.adapters}
+        self._lora: dict = {}  # adapter policy -> its vLLM LoRARequest, once a version was pushed
+        self._adapter_dir = Path(tempfile.mkdtemp(prefix="tracerl-lora-")) if self.adapters else None
         t0 = time.perf_counter()
-        self._llm = AsyncLLM.from_engine_args(engine_args(model_path, cfg, dtype, max_model_len, seed))
+        self._llm = AsyncLLM.from_engine_args(engine_args(model_path, cfg, dtype, max_model_len, seed, self.adapters))
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
         self._active = 0  # requests in flight
         self._busy_s = 0.0  # seconds with at least one request in flight
         self._busy_since = 0.0
-        self._store, self._index = store, index
+        self._stores, self._index = dict(stores or {}), index
         self._caught_up: asyncio.Task | None = None  # loading the store's newest weights, once
 
     async def _current(self) -> None:
-        """Before anything else this process does: check in with the store and load the policy's
+        """Before anything else this process does: check in with the stores and load each policy's
         newest weights if the run has pushed any (this engine was restarted after a crash)."""
-        if self._store is None:
+        if not self._stores:
             return
         if self._caught_up is None:
             self._caught_up = asyncio.ensure_future(self._catch_up())
         await asyncio.shield(self._caught_up)
 
     async def _catch_up(self) -> None:
-        version, refs = await self._store.checkout.remote(self._index)
-        if refs:
-            await self._load(version, await refs[0])
+        for policy, store in self._stores.items():
+            version, refs = await store.checkout.remote(self._index)
+            if refs:
+                await self._load(version, await refs[0], policy)
 
     # ------------------------------------------------------------ generation
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
-                       seed: int | None = None) -> list[Completion]:
-        """Sample `sampling.n` completions of `prompt_ids`; each carries its behaviour log-probs."""
+                       seed: int | None = None, policy: str | None = None) -> list[Completion]:
+        """Sample `sampling.n` completions of `prompt_ids` with `policy`'s weights (an adapter
+        policy's adapter; else the base); each carries its behaviour log-probs."""
         await self._current()
         if len(prompt_ids) + sampling.max_tokens > self._llm.model_config.max_model_len:
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds "
                 f"model.max_model_len {self._llm.model_config.max_model_len}")
-        version = self.version
+        version, lora = self._serving(policy)
         final = None
         if self._active == 0:
             self._busy_since = time.perf_counter()
         self._active += 1
         try:
             async for out in self._llm.generate({"prompt_token_ids": list(prompt_ids)},
-                                                sampling_params(sampling, seed), uuid.uuid4().hex):
+                                                sampling_params(sampling, seed), uuid.uuid4().hex,
+                                                lora_request=lora):
                 final = out
         finally:
             self._active -= 1
@@ -157,8 +183,15 @@ class Engine:
             finish_reason=o.finish_reason or "abort",
             version=version) for o in final.outputs]
 
-    async def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
-        """Log-probs the current weights give `completion_ids` after `prompt_ids` (no sampling)."""
+    def _serving(self, policy: str | None) -> tuple[int, object]:
+        """(version, LoRARequest or None) that serve a request of `policy`."""
+        if policy in self.adapters:
+            return self.adapter_versions[policy], self._lora.get(policy)
+        return self.version, None
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int],
+                    policy: str | None = None) -> list[float]:
+        """Log-probs `policy`'s current weights give `completion_ids` after `prompt_ids` (no sampling)."""
         await self._current()
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -167,14 +200,16 @@ class Engine:
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
-        async for out in self._llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+        async for out in self._llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex,
+                                            lora_request=self._serving(policy)[1]):
             final = out
         plp = final.prompt_logprobs  # one dict per prompt position; None at position 0
         return [plp[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
 
     # ---------------------------------------------------------- weight sync
-    async def update_weights(self, version: int, buckets: list[bytes]) -> dict[str, float]:
-        """Load safetensors-serialised weights in place and tag later outputs with `version`.
+    async def update_weights(self, version: int, buckets: list[bytes], policy: str | None = None) -> dict[str, float]:
+        """Load safetensors-serialised weights in place and tag later outputs of `policy` with
+        `version`: an adapter policy's adapter tensors (only that adapter changes), else the base's.
 
         Generation is paused around the load: with `sync_pause_mode=wait` the
         requests in flight finish on the old weights first, so every completion
@@ -182,13 +217,15 @@ class Engine:
         """
         await self._current()
         t0 = time.perf_counter()
-        loaded = await self._load(version, buckets)
+        loaded = await self._load(version, buckets, policy)
         return {"seconds": time.perf_counter() - t0, "tensors": float(loaded),
                 "bytes": float(sum(len(b) for b in buckets))}
 
-    async def _load(self, version: int, buckets: list[bytes]) -> int:
+    async def _load(self, version: int, buckets: list[bytes], policy: str | None = None) -> int:
         from rollout.vllm_ext import WeightSyncExtension
 
+        if policy in self.adapters:
+            return await self._load_adapter(policy, version, buckets)
         await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
         try:
             loaded = await self._llm.collective_rpc(
@@ -198,6 +235,28 @@ class Engine:
         finally:
             await self._llm.resume_generation()
         return loaded[0]
+
+    async def _load_adapter(self, policy: str, version: int, buckets: list[bytes]) -> int:
+        """Replace adapter `policy` (written to its PEFT folder, loaded in place under its fixed
+        LoRA id); the base and the other adapters are untouched. The prefix cache is reset, as
+        its entries for this adapter's id came from the old weights."""
+        from safetensors.torch import load
+        from vllm.lora.request import LoRARequest
+
+        from rollout.lora import write_adapter
+
+        folder = write_adapter(self._adapter_dir / policy, self.adapters[policy], self.model_path, buckets)
+        lora_id = sorted(self.adapters).index(policy) + 1
+        await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
+        try:
+            await self._llm.add_lora(LoRARequest(policy, lora_id, str(folder), load_inplace=True))
+            await self._llm.reset_prefix_cache()
+            # what requests carry: the same adapter, not reloaded per request
+            self._lora[policy] = LoRARequest(policy, lora_id, str(folder))
+            self.adapter_versions[policy] = version
+        finally:
+            await self._llm.resume_generation()
+        return sum(len(load(b)) for b in buckets)
 
     async def health(self) -> int:
         """A one-token generation: answers only if the engine core is alive and scheduling."""
@@ -217,13 +276,16 @@ class Engine:
         await self._current()
 
         busy = self._busy_s + (time.perf_counter() - self._busy_since if self._active else 0.0)
-        return {"policy": self.policy, "version": self.version, "vocab_size": self.vocab_size,
+        return {"policy": self.policy, "version": self.version, "adapter_versions": dict(self.adapter_versions),
+                "vocab_size": self.vocab_size,
                 "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
                 "busy_s": busy, "active": self._active, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
 
     async def shutdown(self) -> None:
         self._llm.shutdown()
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
 
 
 class WeightStore:

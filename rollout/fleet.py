@@ -32,12 +32,14 @@ from rollout.trace import Trace
 
 
 class RolloutFleet:
-    """One engine pool per policy the agents use (its own model and engine settings), one
+    """One engine pool per policy the agents use (its own model and engine settings) — LoRA
+    adapters and frozen policies of one base model share one (cfg.engine_pools()) — one
     TraceBuffer, `rollout.num_workers` workers."""
 
     def __init__(self, cfg: RolloutJobConfig):
         self.cfg = cfg
-        self.engines: dict[str, list] = {}  # policy -> Engine actor handles
+        self.pools: dict[str, list] = {}  # pool -> Engine actor handles
+        self.engines: dict[str, list] = {}  # policy -> its pool's Engine actor handles
         self.stores: dict = {}  # policy -> WeightStore actor (a restarted engine's newest weights)
         self.buffer = None
         self.hung_restarts = 0  # engines the watchdog had restarted for not answering a probe
@@ -51,8 +53,13 @@ class RolloutFleet:
             models = {p: cfg.policy_model(p) for p in cfg.used_policies()}
             self.model_paths = {p: resolve_model(m.name, m.path) for p, m in models.items()}  # HF folders
             self.stores = spawn_stores(list(models))
-            self.engines = spawn_engines({p: (self.model_paths[p], m, cfg.policy_engine(p)) for p, m in models.items()},
-                                         seed=cfg.seed, stores=self.stores)
+            self.pool_of = {p: name for name, members in cfg.engine_pools().items() for p in members}
+            pools = cfg.engine_pools()
+            self.pools = spawn_engines(
+                {name: (self.model_paths[ps[0]], models[ps[0]], cfg.pool_engine(ps)) for name, ps in pools.items()},
+                seed=cfg.seed, stores={name: {p: self.stores[p] for p in ps} for name, ps in pools.items()},
+                adapters={name: {p: cfg.policy_lora(p) for p in ps if cfg.policy_lora(p)} for name, ps in pools.items()})
+            self.engines = {p: self.pools[self.pool_of[p]] for p in models}
             infos = ray.get([pool[0].info.remote() for pool in self.engines.values()], timeout=60)
             self.vocab_sizes = {p: info["vocab_size"] for p, info in zip(self.engines, infos)}
             self.buffer = spawn_buffer(cfg.rollout.group_size, self.vocab_sizes)
@@ -149,27 +156,29 @@ class RolloutFleet:
         return traces
 
     def engine_infos(self) -> list[dict]:
-        return ray.get([e.info.remote() for pool in self.engines.values() for e in pool], timeout=60)
+        return ray.get([e.info.remote() for pool in self.pools.values() for e in pool], timeout=60)
 
     def engine_restarts(self) -> int:
-        """Engine restarts so far, every policy (each restarted engine checked in with its store)."""
-        return sum(ray.get([s.restarts.remote() for s in self.stores.values()], timeout=60))
+        """Engine restarts so far, every pool (a restarted engine checks in with each of its
+        pool's stores: the first one counts)."""
+        first = {pool: p for p, pool in reversed(self.pool_of.items())}.values()
+        return sum(ray.get([self.stores[p].restarts.remote() for p in first], timeout=60))
 
     # ---------------------------------------------------------------- health
     def _watch(self) -> None:
         """The watchdog thread: probe each engine in turn, every health_check_s."""
         period = min(c for c in (self.cfg.policy_engine(p).health_check_s for p in self.engines) if c > 0)
         while not self._stop_watch.wait(period):
-            for policy, pool in list(self.engines.items()):
+            for name, pool in list(self.pools.items()):
                 for i, engine in enumerate(pool):
                     if self._stop_watch.is_set():
                         return
-                    self._probe(policy, i, engine)
+                    self._probe(name, i, engine)
 
-    def _probe(self, policy: str, index: int, engine) -> None:
+    def _probe(self, pool: str, index: int, engine) -> None:
         """One health probe; an engine that does not answer in time is killed for Ray to restart
         (then waited for, so a slow start is not taken for a hang)."""
-        cfg = self.cfg.policy_engine(policy)
+        cfg = self.cfg.pool_engine(self.cfg.engine_pools()[pool])
         if cfg.health_check_s <= 0:
             return
         probe = engine.health.remote()
@@ -177,7 +186,7 @@ class RolloutFleet:
             return  # answered, or died (Ray restarts it; its requests fail and are retried)
         if actor_state(engine) != "ALIVE":
             return  # Ray is restarting it after a crash: a start, not a hang
-        print(f"[rollout] engine {index} of policy {policy!r} did not answer a health probe within "
+        print(f"[rollout] engine {index} of {pool!r} did not answer a health probe within "
               f"engine.health_timeout_s={cfg.health_timeout_s}: restarting it", flush=True)
         self.hung_restarts += 1
         ray.kill(engine, no_restart=False)
@@ -190,11 +199,11 @@ class RolloutFleet:
         self._stop_watch.set()
         if self._watchdog is not None:
             self._watchdog.join(timeout=5)
-        for actor in [*self.workers, self.buffer, *(e for pool in self.engines.values() for e in pool),
+        for actor in [*self.workers, self.buffer, *(e for pool in self.pools.values() for e in pool),
                       *self.stores.values()]:
             if actor is not None:
                 ray.kill(actor)
-        self.workers, self.buffer, self.engines, self.stores, self._inflight = [], None, {}, {}, {}
+        self.workers, self.buffer, self.pools, self.engines, self.stores, self._inflight = [], None, {}, {}, {}, {}
 
 
 def actor_state(actor) -> str:

@@ -42,7 +42,7 @@ class Router:
     async def generate(self, key: str, prompt_ids: list[int], sampling: SamplingConfig,
                        seed: int | None = None) -> list[Completion]:
         """Send one request to the engine `key` (the trace id) is pinned to."""
-        ref = self.pick(key).generate.remote(prompt_ids, sampling, seed)
+        ref = self.pick(key).generate.remote(prompt_ids, sampling, seed, self.policy)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.timeout_s)
         except asyncio.TimeoutError:

@@ -222,3 +222,36 @@ def test_a_local_cluster_holds_every_actor_of_any_agents_mapping():
     assert local_cpus(RayConfig(), cfg.cpus_asked()) == max(os.cpu_count(), 4)
     assert local_cpus(RayConfig(num_cpus=3), cfg.cpus_asked()) == 3  # set: as set
     assert compose("generate", ["harness=solver_verifier", "agents.verifier=frozen"]).cpus_asked() == 2.0
+
+
+# ---- LoRA policies: adapters on one base share its engines ------------------------------------
+
+def test_lora_policies_and_the_frozen_base_share_one_engine_pool():
+    cfg = compose("train", ["harness=debate", "agents.debater_a=a", "agents.debater_b=b",
+                            "+policies.a.lora.rank=16", "+policies.b.lora.alpha=8", "+policies.b.lora.rank=4"])
+    validate_train(cfg)
+    assert cfg.policy_lora("a").rank == 16 and cfg.policy_lora("a").alpha == 32.0  # the schema's defaults
+    assert cfg.policy_lora("b").rank == 4 and "down_proj" in cfg.policy_lora("b").target_modules
+    assert cfg.engine_pools() == {"a+b+frozen": ["a", "b", "frozen"]}
+    assert cfg.trainable_policies() == ["a", "b"]
+    assert cfg.cpus_asked() == 1.0 + 2 * 2.0  # one engine; two learner groups of 2 ranks
+    # a full trained policy of the same model keeps its own engines; a frozen judge of another model too
+    cfg = compose("train", ["harness=debate", "agents.debater_a=a", "+policies.a.lora.rank=8",
+                            "agents.judge=judge", "+policies.judge.trainable=false", "+policies.judge.model.name=tiny_tied"])
+    validate_train(cfg)
+    assert cfg.engine_pools() == {"main": ["main"], "judge": ["judge"], "a": ["a"]}
+
+
+@pytest.mark.parametrize("overrides, msg", [
+    (["+policies.critic.lora.rank=0"], r"policies.critic.lora.rank=0 must be in \[1, 512\]"),
+    (["+policies.critic.lora.rnak=8"], r"policies.critic.lora.rnak: Key 'rnak' not in"),
+    (["+policies.critic.lora.target_modules=[]"], r"policies.critic.lora.target_modules is empty"),
+    (["+policies.critic.lora.dropout=0.1"], r"policies.critic.lora.dropout=0.1: .* set it to 0"),
+    (["+policies.critic.lora.rank=8", "+policies.critic.trainable=false"],
+     r"policies.critic.lora is set but policy 'critic' is not trainable"),
+    (["+policies.critic.lora.rank=8", "agents.solver=frozen", "+policies.critic.engine.num_engines=2"],
+     r"policies \['critic', 'frozen'\] share engines .* engine settings differ"),
+])
+def test_lora_config_errors_name_the_key_and_the_fix(overrides, msg):
+    with pytest.raises(ValueError, match=msg):
+        validate_train(compose("train", ["harness=solver_verifier", "agents.verifier=critic", *overrides]))

@@ -3,6 +3,8 @@ its DeepSpeed state, and the loop's position.
 
     run_dir/checkpoints/step_000100/
         <policy>/hf/         config.json, tokenizer files, model.safetensors  (the policy)
+        <policy>/adapter/    instead of hf/ for a LoRA policy: adapter_config.json and
+                             adapter_model.safetensors (loads with peft and vLLM's LoRA loader)
         <policy>/deepspeed/  DeepSpeed's own model / optimizer / scheduler state (resume)
         trainer_state.json   the step and each policy's weight version
 
@@ -28,7 +30,7 @@ from safetensors.torch import load, save_file
 
 from trainer.learner_group import LearnerGroup
 
-_HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
 
 
@@ -58,17 +60,28 @@ def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> 
     for bucket in buckets:
         state.update(load(bucket))
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
-    for name in _HF_FILES:
+    for name in HF_FILES:
         src = Path(base_model) / name
         if src.exists():
             shutil.copy(src, out / name)
     return out
 
 
+def save_adapter(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> Path:
+    """Write a LoRA policy's adapter as a PEFT folder (its base: `base_model`)."""
+    from rollout.lora import write_adapter
+
+    [buckets] = learners.collect("export_weights", [learners.export_weights()])
+    return write_adapter(out, learners.lora, str(base_model), buckets)
+
+
 def save_policy(learners: LearnerGroup, base_model: str | Path, run_dir: str | Path, step: int, policy: str) -> Path:
     """Save both views of one policy's weights into step `step`'s checkpoint (after `start`)."""
     d = partial_dir(run_dir, step) / policy
-    save_hf(learners, base_model, d / "hf")
+    if learners.lora is not None:
+        save_adapter(learners, base_model, d / "adapter")
+    else:
+        save_hf(learners, base_model, d / "hf")
     learners.save(str(d / "deepspeed"))
     return d
 

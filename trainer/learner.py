@@ -10,6 +10,10 @@ batch-level normalisation (trainer/packing.py), so the update must apply
 sum-over-ranks-and-micro-batches of the gradients. DeepSpeed averages over
 ranks and (optionally) divides by the accumulation steps; `train_step` undoes
 both explicitly.
+
+With `lora` a rank holds the base model frozen and trains one PEFT LoRA adapter on
+it: only the adapter's parameters have gradients and optimizer state, and
+`export_weights` sends only them (PEFT's saved names, see rollout/lora.py).
 """
 
 from __future__ import annotations
@@ -65,9 +69,11 @@ def free_port() -> int:
 
 class Learner:
     def __init__(self, rank: int, model_path: str, cfg: LearnerConfig, loss: LossConfig,
-                 dtype: str = "float32", seed: int = 0):
-        """`dtype`: the model's (`model.dtype`): float32, or bfloat16 with fp32 master weights."""
+                 dtype: str = "float32", seed: int = 0, lora=None):
+        """`dtype`: the model's (`model.dtype`): float32, or bfloat16 with fp32 master weights;
+        `lora`: a rollout.config.LoraConfig to train an adapter on the frozen model instead."""
         self.rank, self.model_path, self.cfg, self.loss_cfg = rank, model_path, cfg, loss
+        self.lora = lora
         self.dtype, self.seed = dtype, seed
         self.step = 0
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
@@ -106,18 +112,27 @@ class Learner:
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        if self.lora is not None:
+            from peft import get_peft_model
+
+            from rollout.lora import peft_config
+
+            # the same seed on every rank: the same lora_A init (lora_B starts at 0)
+            model = get_peft_model(model, peft_config(self.lora, self.model_path))
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
+            if self.lora is not None:  # the frozen embeddings' output must carry grad into the blocks
+                model.enable_input_require_grads()
         self.ref_model = None
         if self.loss_cfg.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
             self.ref_model.requires_grad_(False)
         # A torch optimizer, not a DeepSpeed-named one: those g++-build fused ops on first use.
+        trained = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter's only
         if cfg.optimizer == "adamw":
-            opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
-                                    weight_decay=cfg.weight_decay)
+            opt = torch.optim.AdamW(trained, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
         else:
-            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+            opt = torch.optim.SGD(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
         warmup = max(cfg.warmup_steps, 0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         ds_config = {
@@ -131,10 +146,11 @@ class Learner:
             "wall_clock_breakdown": False,
         }
         self.engine, _, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)
+            model=model, model_parameters=trained, optimizer=opt, lr_scheduler=sched, config=ds_config)
         import ray
 
         return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()),
+                "trained_params": sum(p.numel() for p in trained),
                 "node_id": ray.get_runtime_context().get_node_id()}
 
     # ---------------------------------------------------------------- train
@@ -208,18 +224,23 @@ class Learner:
 
     # ------------------------------------------------------- weights & state
     def export_weights(self, bucket_bytes: int = 64 << 20) -> list[bytes] | None:
-        """Full fp32 weights as safetensors buckets on rank 0 (None elsewhere); collective."""
+        """Full fp32 weights (with LoRA: the adapter's only, under PEFT's saved names) as
+        safetensors buckets on rank 0 (None elsewhere); collective."""
         import deepspeed
         import torch
         from safetensors.torch import save
 
+        from rollout.lora import saved_name
+
         module = self.engine.module
         buckets, current, size = [], {}, 0
         for name, p in module.named_parameters():
+            if self.lora is not None and not p.requires_grad:
+                continue
             with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
                 if self.rank == 0:
                     t = p.detach().to("cpu", torch.float32).clone()
-                    current[name] = t
+                    current[saved_name(name) if self.lora is not None else name] = t
                     size += t.numel() * 4
             if self.rank == 0 and size >= bucket_bytes:
                 buckets.append(save(current))
@@ -230,14 +251,38 @@ class Learner:
 
     def save(self, path: str) -> None:
         """DeepSpeed state (model, optimizer, scheduler) + step; collective."""
-        self.engine.save_checkpoint(path, tag="state", client_state={"step": self.step})
+        # With LoRA the frozen base is left out: it is the model the run started from.
+        self.engine.save_checkpoint(path, tag="state", client_state={"step": self.step},
+                                    exclude_frozen_parameters=self.lora is not None)
 
     def load(self, path: str) -> int:
         """Restore what `save` wrote; returns the step. Collective."""
         _, client = self.engine.load_checkpoint(path, tag="state", load_optimizer_states=True,
-                                                load_lr_scheduler_states=True)
+                                                load_lr_scheduler_states=True, load_module_strict=self.lora is None)
         self.step = int(client["step"])
         return self.step
+
+    def rss(self) -> int:
+        """This rank's resident memory, bytes."""
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+    def base_digest(self) -> str:
+        """A hash of the weights that are not trained, under the base model's own names (with
+        LoRA: the frozen base, which must never change); gathered under ZeRO-3."""
+        import hashlib
+
+        import deepspeed
+
+        frozen = {n.removeprefix("base_model.model.").replace(".base_layer.", "."): p
+                  for n, p in self.engine.module.named_parameters() if not p.requires_grad}
+        h = hashlib.sha256()
+        for name, p in sorted(frozen.items()):
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
+                h.update(name.encode())
+                h.update(p.detach().cpu().float().numpy().tobytes())
+        return h.hexdigest()
 
     def param_digest(self) -> str:
         """A hash of this rank's full parameters (gathered under ZeRO-3), to compare ranks."""

@@ -22,11 +22,12 @@ class LearnerGroup:
     """`world_size` Learner ranks of one policy; a context manager that kills them on exit."""
 
     def __init__(self, model_path: str, cfg: LearnerConfig, loss: LossConfig, dtype: str = "float32",
-                 seed: int = 0, pad_id: int = 0, setup_timeout_s: float = 900.0, name: str = "main"):
-        self.cfg, self.pad_id, self.name = cfg, pad_id, name  # name: the policy
+                 seed: int = 0, pad_id: int = 0, setup_timeout_s: float = 900.0, name: str = "main", lora=None):
+        """`lora`: a rollout.config.LoraConfig: the ranks train that adapter on the frozen model."""
+        self.cfg, self.pad_id, self.name, self.lora = cfg, pad_id, name, lora  # name: the policy
         cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus,
                          resources=dict(cfg.resources) or None)(Learner)
-        self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed) for r in range(cfg.world_size)]
+        self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed, lora) for r in range(cfg.world_size)]
         # every rank must enter DeepSpeed's rendezvous at the same time
         resources = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources}
         [(addr, port)] = await_started(self.ranks, [self.ranks[0].master_address.remote()], setup_timeout_s,

@@ -39,7 +39,8 @@ class TrainedPolicy:
         self.model_path = fleet.model_paths[name]
         self.format = ChatFormat.from_pretrained(self.model_path)
         self.learners = LearnerGroup(self.model_path, self.learner_cfg, cfg.algorithm.loss,
-                                     cfg.policy_model(name).dtype, cfg.seed, self.format.pad_id, name=name)
+                                     cfg.policy_model(name).dtype, cfg.seed, self.format.pad_id, name=name,
+                                     lora=cfg.policy_lora(name))
         self.sync = ObjectStoreSync(self.learners, fleet.engines[name],
                                     timeout_s=cfg.policy_engine(name).sync_timeout_s, store=fleet.stores[name])
         self.version = 0  # optimizer steps taken = the engines' weight version
@@ -86,9 +87,10 @@ class TrainedPolicy:
             self.version += 1
             synced = self.sync.push(self.version)
         else:  # the weights did not change: the engines keep serving this version
-            synced = {"seconds": 0.0, "bytes_per_s": 0.0}
+            synced = {"seconds": 0.0, "bytes_per_s": 0.0, "bytes": 0.0}
         m.update({f"perf/{p}/train_s": train_s, f"perf/{p}/sync_s": synced["seconds"],
                   f"sync/{p}/seconds": synced["seconds"], f"sync/{p}/bytes_per_s": synced["bytes_per_s"],
+                  f"sync/{p}/bytes": synced["bytes"],
                   f"async/{p}/staleness_mean": float(np.mean(lags or [0])),
                   f"async/{p}/staleness_max": float(max(lags or [0])), f"async/{p}/version": float(self.version),
                   f"async/{p}/dropped_stale": float(self.dropped_stale)})

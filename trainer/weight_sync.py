@@ -44,7 +44,7 @@ class ObjectStoreSync:
         t_export = time.perf_counter() - t0
         if self.store is not None:  # first, so an engine that restarts from now on loads this version
             ray.get(self.store.publish.remote(version, [buckets]), timeout=60)
-        loads = [e.update_weights.remote(version, buckets) for e in self.engines]
+        loads = [e.update_weights.remote(version, buckets, self.learners.name) for e in self.engines]
         ready, late = ray.wait(loads, num_returns=len(loads), timeout=self.timeout_s)
         if late:
             late_ids = [i for i, ref in enumerate(loads) if ref in late]

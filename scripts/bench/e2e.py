@@ -2,11 +2,13 @@
 
     python scripts/bench/e2e.py [--steps 12] [overrides ...]                 # sync vs async (max_staleness 0 vs 1)
     python scripts/bench/e2e.py --compare policies [--steps 6] [overrides ...]  # one trained policy vs two
+    python scripts/bench/e2e.py --compare lora [--steps 6] [overrides ...]      # two full policies vs two adapters
 
 `--compare staleness` (default overrides: experiment=smoke) trains synchronously and with
 max_staleness=1. `--compare policies` (default: experiment=smoke harness=solver_verifier) trains
 solver and verifier as one shared policy, then as two (verifier -> its own `critic`), with the
-same traces per step. For each variant: trained tokens/s over the loop, seconds per step, and
+same traces per step. `--compare lora` trains solver and verifier as two full policies (an engine
+each), then as two LoRA adapters (rank 16) of one base on one engine. For each variant: trained tokens/s over the loop, seconds per step, and
 how idle each side was — the learners (1 - train seconds / loop seconds) and the rollout engines
 (1 - seconds with a request in flight / loop seconds). The last output line is one JSON object.
 """
@@ -30,6 +32,11 @@ VARIANTS = {  # name -> (default overrides, {variant: its overrides})
     "staleness": (["experiment=smoke"], {"sync": ["trainer.max_staleness=0"], "async": ["trainer.max_staleness=1"]}),
     "policies": (["experiment=smoke", "harness=solver_verifier"],
                  {"one_policy": [], "two_policies": ["agents.verifier=critic", "+policies.critic.trainable=true"]}),
+    "lora": (["experiment=smoke", "harness=solver_verifier"],
+             {"two_full": ["agents.solver=a", "agents.verifier=b", "+policies.a.trainable=true",
+                           "+policies.b.trainable=true"],
+              "two_lora": ["agents.solver=a", "agents.verifier=b", "+policies.a.lora.rank=16",
+                           "+policies.b.lora.rank=16"]}),
 }
 
 

@@ -8,6 +8,9 @@
     prefix merging vs without, against the unique-token count (the floor).
 (c) weight sync: seconds and bytes/s of ObjectStoreSync (learners -> object store
     -> engine, in place) vs a plain in-memory copy of the same bytes.
+(d) LoRA (rank 16 on the attention and MLP projections) vs full weights: bytes and
+    seconds per weight sync of one trained policy, and the learner RSS of two adapter
+    policies vs two full policies after one optimizer step each.
 The last output line is one JSON object.
 """
 
@@ -140,10 +143,40 @@ def section_c(model_name: str, rounds: int = 3) -> dict:
             "memcpy_bytes_per_s": round(nbytes / copy_s), "sync_over_memcpy": round(best["seconds"] / copy_s, 1)}
 
 
+LORA = ["+policies.a.lora.rank=16", "+policies.b.lora.rank=16"]
+
+
+def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int = 3) -> dict:
+    """The loop's own pieces, LoRA against full weights, the same model and settings."""
+    base = [f"model={model_name}", "harness=solver_verifier", "agents.solver=a", "agents.verifier=b",
+            "+policies.a.trainable=true", "+policies.b.trainable=true", "engine.kv_cache_gb=0.5",
+            "learner.world_size=1", "learner.num_cpus=0.5", "learner.zero_stage=0"]
+    rng = random.Random(0)
+    _, mbs = batches_for([conversation_trace(fmt, vocab, 1, 96, 0, rng, f"t{i}") for i in range(4)], True, budget)
+    out = {}
+    for kind, extra in (("full", []), ("lora", LORA)):
+        cfg = compose("train", base + extra)
+        with RolloutFleet(cfg) as fleet, TrainedPolicy(cfg, "a", fleet) as a, TrainedPolicy(cfg, "b", fleet) as b:
+            for policy in (a, b):
+                policy.learners.train_step(mbs)  # optimizer state exists from here on
+            rss = sum(ray.get([r.rss.remote() for p in (a, b) for r in p.learners.ranks], timeout=60))
+            syncs = [a.sync.push(v) for v in range(1, rounds + 1)]
+            best = min(syncs, key=lambda r: r["seconds"])
+            out[kind] = {"engines": len(fleet.pools), "sync_bytes": int(best["bytes"]),
+                         "sync_s": round(best["seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
+                         "learners_rss_gb": round(rss / 2**30, 2)}
+        print(model_name, "d", kind, out[kind], flush=True)
+    f, lo = out["full"], out["lora"]
+    out["sync_bytes_full_over_lora"] = round(f["sync_bytes"] / lo["sync_bytes"], 1)
+    out["sync_s_full_over_lora"] = round(f["sync_s"] / lo["sync_s"], 2)
+    out["learners_rss_full_over_lora"] = round(f["learners_rss_gb"] / lo["learners_rss_gb"], 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny,smollm2_135m")
-    ap.add_argument("--sections", default="a,b,c")
+    ap.add_argument("--sections", default="a,b,c,d")
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--budget", type=int, default=1024, help="padded tokens per micro-batch")
@@ -165,6 +198,8 @@ def main() -> None:
         if "c" in args.sections:
             res["c_weight_sync"] = section_c(name)
             print(name, "c", res["c_weight_sync"], flush=True)
+        if "d" in args.sections:
+            res["d_lora"] = section_d(name, fmt, vocab, args.budget)
         result[name] = res
     ray.shutdown()
     print(json.dumps(result))

@@ -39,18 +39,23 @@ def without(trace: Trace, policy: str) -> Trace:
     return msgspec.structs.replace(trace, sequences=seqs)
 
 
-def scores(engine, seq) -> torch.Tensor:
-    return torch.tensor(ray.get(engine.score.remote(seq.prompt_ids, seq.completion_ids), timeout=60))
+def scores(engine, seq, policy=None) -> torch.Tensor:
+    return torch.tensor(ray.get(engine.score.remote(seq.prompt_ids, seq.completion_ids, policy), timeout=60))
 
 
 @pytest.mark.slow
-def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
+    """Full policies each have their own engine; LoRA policies are two adapters of one base,
+    served by one engine with the frozen corrector (the base without an adapter)."""
+    adapters = ["+policies.solver_p.lora.rank=8", "+policies.verifier_p.lora.rank=8", "learner.lr=3e-2"] if lora else []
     cfg = compose("train", ["experiment=smoke", "harness=solver_verifier_corrector", f"run_dir={tmp_path}",
                             "agents.solver=solver_p", "agents.verifier=verifier_p", "agents.corrector=frozen",
                             "+policies.solver_p.trainable=true", "+policies.verifier_p.trainable=true",
-                            "learner.world_size=1", "eval.size=0"])
+                            "learner.world_size=1", "eval.size=0", *adapters])
     validate(cfg)
     with RolloutFleet(cfg) as fleet:
+        assert len(fleet.pools) == (1 if lora else 3)
         fleet.submit([0, 1])
         traces = [tr for group in fleet.take(2, 300) for tr in group]
         spoke = {(s.agent, s.policy, s.trainable) for tr in traces for s in tr.sequences}
@@ -60,12 +65,16 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path):
         probe = {p: next(s for tr in traces for s in tr.sequences if s.policy == p and s.completion_ids)
                  for p in ("solver_p", "verifier_p")}
         frozen_engine = fleet.engines["frozen"][0]
-        frozen_before = scores(frozen_engine, probe["solver_p"])
+        frozen_before = scores(frozen_engine, probe["solver_p"], "frozen")
 
         with TrainedPolicy(cfg, "solver_p", fleet) as a, TrainedPolicy(cfg, "verifier_p", fleet) as b:
             start = a.learners.param_digests()
             assert b.learners.param_digests() == start, "both start from the same weights"
+            base = ray.get(a.learners.ranks[0].base_digest.remote(), timeout=60)
             metrics = {**a.train(traces, 0), **b.train(traces, 0)}
+            if lora:  # the base weights never change; only the adapters were sent
+                assert all(ray.get(p.learners.ranks[0].base_digest.remote(), timeout=60) == base for p in (a, b))
+                assert all(0 < metrics[f"sync/{p}/bytes"] < 1e6 for p in ("solver_p", "verifier_p"))
             after = {"solver_p": a.learners.param_digests(), "verifier_p": b.learners.param_digests()}
             assert start not in after.values() and after["solver_p"] != after["verifier_p"]
             assert metrics["train/solver_p/trained_tokens"] == sum(
@@ -75,13 +84,14 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path):
             # invariant 4 per policy: each engine now serves its own learner's weights, as version 1
             for name, policy, other in (("solver_p", a, b), ("verifier_p", b, a)):
                 seq = probe[name]
-                served = scores(fleet.engines[name][0], seq)
+                served = scores(fleet.engines[name][0], seq, name)
                 mine = torch.tensor(policy.learners.logprobs(seq.prompt_ids + seq.completion_ids, len(seq.prompt_ids)))
                 theirs = torch.tensor(other.learners.logprobs(seq.prompt_ids + seq.completion_ids,
                                                               len(seq.prompt_ids)))
                 assert (served - mine).abs().max() < 1e-3
                 assert (served - theirs).abs().max() > 1e-3, "the other policy's weights differ"
-                assert ray.get(fleet.engines[name][0].info.remote(), timeout=60)["version"] == 1
+                info = ray.get(fleet.engines[name][0].info.remote(), timeout=60)
+                assert (info["adapter_versions"][name] if lora else info["version"]) == 1
 
         # the same batch with the other policy's sequences removed trains each policy to the same weights
         for name, other in (("solver_p", "verifier_p"), ("verifier_p", "solver_p")):
@@ -91,7 +101,7 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path):
 
         # the frozen policy: never trained, never synced
         assert ray.get(frozen_engine.info.remote(), timeout=60)["version"] == 0
-        assert torch.equal(scores(frozen_engine, probe["solver_p"]), frozen_before)
+        assert torch.equal(scores(frozen_engine, probe["solver_p"], "frozen"), frozen_before)
 
 
 @pytest.mark.slow

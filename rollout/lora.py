@@ -1,0 +1,63 @@
+"""LoRA adapters as both sides see them: PEFT on the learner, vLLM multi-LoRA on the engine.
+
+One adapter policy's weights travel as a safetensors blob of its `lora_A` / `lora_B`
+tensors under PEFT's saved names (`base_model.model.<module>.lora_A.weight`), which
+is what `peft` saves and vLLM's LoRA loader reads. An engine writes each pushed
+version into a PEFT folder (`adapter_config.json` + `adapter_model.safetensors`)
+and loads it from there; a checkpoint's adapter is the same folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rollout.config import VLLM_LORA_RANKS, LoraConfig
+
+ADAPTER_NAME = "default"  # PEFT's name for the one adapter a learner trains
+
+
+def peft_config(lora: LoraConfig, base_model: str):
+    """The peft.LoraConfig of `lora` on `base_model` (a causal LM). PEFT's default init leaves
+    lora_B zero, so an untrained adapter is exactly its base model."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                          target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
+                          base_model_name_or_path=str(base_model))
+
+
+def adapter_config(lora: LoraConfig, base_model: str) -> dict:
+    """adapter_config.json's content, as `peft` writes it."""
+    d = peft_config(lora, base_model).to_dict()
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in d.items()}
+
+
+def saved_name(param_name: str) -> str:
+    """PEFT's saved name of a trainable adapter parameter (the adapter's name dropped)."""
+    return param_name.replace(f".{ADAPTER_NAME}.", ".")
+
+
+def write_adapter(folder: str | Path, lora: LoraConfig, base_model: str, blobs: list[bytes]) -> Path:
+    """Write a PEFT adapter folder from safetensors blobs of adapter tensors (file by file,
+    through a rename, so a reader never sees half of one)."""
+    from safetensors.torch import load, save
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for blob in blobs:
+        tensors.update(load(blob))
+    files = {"adapter_config.json": json.dumps(adapter_config(lora, base_model), indent=2).encode(),
+             "adapter_model.safetensors": save(tensors, metadata={"format": "pt"})}
+    for name, data in files.items():
+        tmp = folder / f".{name}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, folder / name)
+    return folder
+
+
+def vllm_max_rank(ranks: list[int]) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds every rank."""
+    return next(r for r in VLLM_LORA_RANKS if r >= max(ranks))

@@ -132,6 +132,7 @@ class Engine:
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
         self._active = 0  # requests in flight
+        self._finished = 0  # requests answered (the watchdog's sign of progress)
         self._busy_s = 0.0  # seconds with at least one request in flight
         self._busy_since = 0.0
         self._stores, self._index = dict(stores or {}), index
@@ -174,6 +175,7 @@ class Engine:
                 final = out
         finally:
             self._active -= 1
+            self._finished += final is not None
             if self._active == 0:
                 self._busy_s += time.perf_counter() - self._busy_since
         assert final is not None, "vLLM returned no output"
@@ -279,7 +281,7 @@ class Engine:
         return {"policy": self.policy, "version": self.version, "adapter_versions": dict(self.adapter_versions),
                 "vocab_size": self.vocab_size,
                 "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
-                "busy_s": busy, "active": self._active, "pid": os.getpid(),
+                "busy_s": busy, "active": self._active, "finished": self._finished, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
 
     async def shutdown(self) -> None:

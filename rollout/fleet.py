@@ -176,16 +176,19 @@ class RolloutFleet:
                     self._probe(name, i, engine)
 
     def _probe(self, pool: str, index: int, engine) -> None:
-        """One health probe; an engine that does not answer in time is killed for Ray to restart
-        (then waited for, so a slow start is not taken for a hang)."""
+        """One health probe; an engine that does not answer in time and has not finished a request
+        meanwhile is killed for Ray to restart (then waited for, so a slow start is not taken for a
+        hang). One that finished requests is busy, not hung: the probe queued behind its requests."""
         cfg = self.cfg.pool_engine(self.cfg.engine_pools()[pool])
         if cfg.health_check_s <= 0:
             return
-        probe = engine.health.remote()
-        if ray.wait([probe], timeout=cfg.health_timeout_s)[0]:
-            return  # answered, or died (Ray restarts it; its requests fail and are retried)
-        if actor_state(engine) != "ALIVE":
-            return  # Ray is restarting it after a crash: a start, not a hang
+        verdict = probe_engine(engine, cfg.health_timeout_s)
+        if verdict == "busy":
+            print(f"[rollout] engine {index} of {pool!r}: a health probe waited over engine.health_timeout_s="
+                  f"{cfg.health_timeout_s} behind its queue, but it finished requests meanwhile: busy, not hung",
+                  flush=True)
+        if verdict != "hung":
+            return
         print(f"[rollout] engine {index} of {pool!r} did not answer a health probe within "
               f"engine.health_timeout_s={cfg.health_timeout_s}: restarting it", flush=True)
         self.hung_restarts += 1
@@ -204,6 +207,28 @@ class RolloutFleet:
             if actor is not None:
                 ray.kill(actor)
         self.workers, self.buffer, self.pools, self.engines, self.stores, self._inflight = [], None, {}, {}, {}, {}
+
+
+def probe_engine(engine, timeout_s: float) -> str:
+    """One health probe of an engine: "ok" (answered within `timeout_s`, or died: Ray restarts
+    it), "restarting" (Ray is restarting it: a start, not a hang), "busy" (no answer, but it
+    finished requests meanwhile: the probe queued behind them) or "hung"."""
+    start = engine.info.remote()  # answered at once by a live actor, however busy its engine core
+    if ray.wait([engine.health.remote()], timeout=timeout_s)[0]:
+        return "ok"
+    if actor_state(engine) != "ALIVE":
+        return "restarting"
+    before = finished_requests(start, 0.0)  # not answered in all that time: the actor is stuck
+    after = finished_requests(engine.info.remote(), min(timeout_s, 30.0)) if before is not None else None
+    return "busy" if after is not None and after > before else "hung"
+
+
+def finished_requests(info_ref, timeout_s: float) -> int | None:
+    """The requests an engine had answered, from its `info()` call; None if not answered in time."""
+    try:
+        return ray.get(info_ref, timeout=timeout_s)["finished"]
+    except Exception:
+        return None
 
 
 def actor_state(actor) -> str:

@@ -88,6 +88,9 @@ def train(cfg: TrainJobConfig) -> dict:
                       "rollout/engine_restarts": float(fleet.engine_restarts()),
                       "rollout/retried": float(sum("attempts" in tr.info for tr in traces))})
             done = step + 1
+            # the checkpoint first: an eval that fails (the breaker) must not lose the step's training
+            if (t.save_every and done % t.save_every == 0) or done == t.steps:
+                save(policies, run_dir, done, t.keep_last)
             if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
                 final = evaluate(fleet, cfg, done)
                 m.update(trace_metrics(final, "eval") if final else {})
@@ -95,8 +98,6 @@ def train(cfg: TrainJobConfig) -> dict:
                 logger.traces(done, traces[:4], next(iter(policies.values())).format.decode)
             logger.log(done, m)
             logger.status(done, t.steps, m, list(policies))
-            if (t.save_every and done % t.save_every == 0) or done == t.steps:
-                save(policies, run_dir, done, t.keep_last)
 
         # ---- summary ---------------------------------------------------------------------
         summary = {**eval_summary(initial, final), "steps": t.steps, "start_step": start,

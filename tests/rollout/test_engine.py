@@ -110,3 +110,22 @@ def test_a_request_past_its_deadline_is_aborted_and_named(engine, tiny_tokenizer
     assert ray.get(engine.info.remote())["active"] == 0, "the request was aborted, not left running"
     [c] = asyncio.run(Router([engine], "main").generate("trace-1", prompt, SamplingConfig(max_tokens=4)))
     assert 0 < len(c.completion_ids) <= 4
+
+
+def test_the_watchdog_tells_a_busy_engine_from_a_hung_one(ray_cluster, tiny_path):
+    """The health probe queues behind an engine's requests: with one sequence slot and 40 long
+    requests ahead of it, it is not answered within 3 s, but requests finish meanwhile: busy, not
+    hung (a hung one, stopped by SIGSTOP, is tests/trainer/test_faults.py's). Idle again: ok."""
+    from rollout.config import EngineConfig
+    from rollout.fleet import probe_engine
+
+    cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, max_num_seqs=1, max_restarts=0)
+    [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), cfg)})["main"]
+    try:
+        flood = [e.generate.remote([5, 6, 7], SamplingConfig(max_tokens=100, ignore_eos=True)) for _ in range(40)]
+        ray.wait(flood[:1], timeout=60)  # the first request is being served
+        assert probe_engine(e, timeout_s=3.0) == "busy"
+        ray.get(flood, timeout=300)
+        assert probe_engine(e, timeout_s=60.0) == "ok"
+    finally:
+        ray.kill(e)

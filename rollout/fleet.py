@@ -53,13 +53,12 @@ class RolloutFleet:
             models = {p: cfg.policy_model(p) for p in cfg.used_policies()}
             self.model_paths = {p: resolve_model(m.name, m.path) for p, m in models.items()}  # HF folders
             self.stores = spawn_stores(list(models))
-            self.pool_of = {p: name for name, members in cfg.engine_pools().items() for p in members}
-            pools = cfg.engine_pools()
+            self.pool_members = pools = cfg.engine_pools()  # pool -> its policies
             self.pools = spawn_engines(
                 {name: (self.model_paths[ps[0]], models[ps[0]], cfg.pool_engine(ps)) for name, ps in pools.items()},
                 seed=cfg.seed, stores={name: {p: self.stores[p] for p in ps} for name, ps in pools.items()},
                 adapters={name: {p: cfg.policy_lora(p) for p in ps if cfg.policy_lora(p)} for name, ps in pools.items()})
-            self.engines = {p: self.pools[self.pool_of[p]] for p in models}
+            self.engines = {p: self.pools[name] for name, ps in pools.items() for p in ps}
             infos = ray.get([pool[0].info.remote() for pool in self.engines.values()], timeout=60)
             self.vocab_sizes = {p: info["vocab_size"] for p, info in zip(self.engines, infos)}
             self.buffer = spawn_buffer(cfg.rollout.group_size, self.vocab_sizes)
@@ -161,8 +160,7 @@ class RolloutFleet:
     def engine_restarts(self) -> int:
         """Engine restarts so far, every pool (a restarted engine checks in with each of its
         pool's stores: the first one counts)."""
-        first = {pool: p for p, pool in reversed(self.pool_of.items())}.values()
-        return sum(ray.get([self.stores[p].restarts.remote() for p in first], timeout=60))
+        return sum(ray.get([self.stores[ps[0]].restarts.remote() for ps in self.pool_members.values()], timeout=60))
 
     # ---------------------------------------------------------------- health
     def _watch(self) -> None:
@@ -179,7 +177,7 @@ class RolloutFleet:
         """One health probe; an engine that does not answer in time and has not finished a request
         meanwhile is killed for Ray to restart (then waited for, so a slow start is not taken for a
         hang). One that finished requests is busy, not hung: the probe queued behind its requests."""
-        cfg = self.cfg.pool_engine(self.cfg.engine_pools()[pool])
+        cfg = self.cfg.pool_engine(self.pool_members[pool])
         if cfg.health_check_s <= 0:
             return
         verdict = probe_engine(engine, cfg.health_timeout_s)

@@ -6,6 +6,8 @@ its DeepSpeed state, and the loop's position.
         <policy>/adapter/    instead of hf/ for a LoRA policy: adapter_config.json and
                              adapter_model.safetensors (loads with peft and vLLM's LoRA loader)
         <policy>/deepspeed/  DeepSpeed's own model / optimizer / scheduler state (resume)
+        rollouts.jsonl       an async run's rollouts of the steps after this one, generated
+                             before the save (one group per line); a resumed run trains them
         trainer_state.json   the step and each policy's weight version
 
 A checkpoint is written into `step_000100.partial/` and renamed to `step_000100/`
@@ -15,7 +17,10 @@ save). `load_newest` falls back to the previous complete checkpoint when the
 newest cannot be loaded; `prune` keeps the newest `keep_last`.
 
 No RNG state is kept: tasks come from the step number, and every model call
-samples with a seed derived from (seed, trace id, role, call number).
+samples with a seed derived from (seed, trace id, role, call number). What an
+asynchronous run had in flight at the save cannot be generated again (it ran on
+older weights than the checkpoint's), so the loop lets it finish and keeps it in
+rollouts.jsonl: the resumed run trains exactly what the uninterrupted one did.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+import msgspec
 from safetensors.torch import load, save_file
 
+from rollout.trace import Trace, TraceError
 from trainer.learner_group import LearnerGroup
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -49,6 +56,28 @@ def start(run_dir: str | Path, step: int) -> None:
     d = partial_dir(run_dir, step)
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
+
+
+def save_rollouts(run_dir: str | Path, step: int, groups: list[list[Trace]]) -> None:
+    """Keep complete rollout groups of the steps after `step` with its checkpoint (one group per line)."""
+    with open(partial_dir(run_dir, step) / "rollouts.jsonl", "wb") as f:
+        for group in groups:
+            f.write(msgspec.json.encode(group) + b"\n")
+
+
+def load_rollouts(checkpoint: Path) -> list[list[Trace]]:
+    """The rollout groups `save_rollouts` kept with `checkpoint` ([] without any); a damaged line
+    raises TraceError naming it."""
+    path, decoder = Path(checkpoint) / "rollouts.jsonl", msgspec.json.Decoder(list[Trace])
+    if not path.exists():
+        return []
+    groups = []
+    for lineno, line in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            groups.append(decoder.decode(line))
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            raise TraceError(f"{path}:{lineno}: {e}") from None
+    return groups
 
 
 def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> Path:

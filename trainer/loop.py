@@ -13,6 +13,8 @@ weights of step k-1 reach the engines. Asynchronous (`max_staleness=s`):
 rollout batches for up to s steps ahead are in flight while the learners
 train; a batch is submitted only once the weights it may lag are out, so no
 trained trace is more than s versions stale (stale ones are dropped, counted).
+At a checkpoint the steps in flight are let finish and kept with it, so a
+resumed asynchronous run trains exactly what the uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from rollout.config import SamplingConfig
 from rollout.fleet import RolloutFleet
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
-from trainer.config import TrainJobConfig, validate
+from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer import checkpoint
 from trainer.metrics import RunLogger, paired_comparison, step_totals
 from trainer.policy import TrainedPolicy
@@ -55,7 +57,7 @@ def train(cfg: TrainJobConfig) -> dict:
         policies = {p: actors.enter_context(TrainedPolicy(cfg, p, fleet)) for p in cfg.trainable_policies()}
 
         # ---- resume, the logger, and the held-out eval before training ---------------------
-        start = restore(policies, resume_from) if resume_from else 0
+        start, held = restore(policies, resume_from) if resume_from else (0, [])
         logger = actors.enter_context(RunLogger(run_dir, cfg.logger.mode, cfg.logger.project, cfg.logger.name,
                                                 asdict(cfg), resume_step=start if resume_from else None))
         initial = final = evaluate(fleet, cfg, start)
@@ -63,11 +65,18 @@ def train(cfg: TrainJobConfig) -> dict:
             logger.log(start, trace_metrics(initial, "eval"))
 
         # ---- rollout ahead: up to max_staleness steps in flight, never more ------------
-        for k in range(start, min(t.steps, start + 1 + t.max_staleness)):
-            fleet.submit(step_tasks(k, t.groups_per_step))
+        # `held`: complete groups of the steps after the last trained one, already out of the
+        # fleet (drained at a checkpoint, or read from one); `ahead`: the first step neither
+        # held nor submitted
+        if len(held) % t.groups_per_step:
+            raise ValueError(f"the checkpoint keeps {len(held)} rollout groups, not whole steps of "
+                             f"trainer.groups_per_step={t.groups_per_step}: resume with the run's own value")
+        ahead = submit_steps(fleet, start + len(held) // t.groups_per_step, start + 1 + t.max_staleness, t)
         for step in range(start, t.steps):
             t0 = time.perf_counter()
-            traces = [tr for group in fleet.take(t.groups_per_step, t.rollout_timeout_s) for tr in group]
+            groups, held = held[:t.groups_per_step], held[t.groups_per_step:]
+            groups = groups or fleet.take(t.groups_per_step, t.rollout_timeout_s)
+            traces = [tr for group in groups for tr in group]
             t_wait = time.perf_counter() - t0
             check_failures(traces, t.max_failed_fraction, f"the rollout of step {step + 1}")
 
@@ -78,8 +87,7 @@ def train(cfg: TrainJobConfig) -> dict:
             m.update(step_totals(m, list(policies)))
 
             # ---- the engines have the new weights: the next rollout may start ----------
-            if step + 1 + t.max_staleness < t.steps:
-                fleet.submit(step_tasks(step + 1 + t.max_staleness, t.groups_per_step))
+            ahead = submit_steps(fleet, ahead, step + 2 + t.max_staleness, t)
 
             # ---- log, evaluate, checkpoint ---------------------------------------------
             step_s = time.perf_counter() - t0
@@ -90,7 +98,11 @@ def train(cfg: TrainJobConfig) -> dict:
             done = step + 1
             # the checkpoint first: an eval that fails (the breaker) must not lose the step's training
             if (t.save_every and done % t.save_every == 0) or done == t.steps:
-                save(policies, run_dir, done, t.keep_last)
+                # the steps in flight ran (partly) on weights older than the checkpoint's: they finish and
+                # are kept with it, since a resumed run could not generate them again
+                in_flight = (ahead - done) * t.groups_per_step - len(held)
+                held += fleet.take(in_flight, t.rollout_timeout_s) if in_flight else []
+                save(policies, run_dir, done, t.keep_last, held)
             if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
                 final = evaluate(fleet, cfg, done)
                 m.update(trace_metrics(final, "eval") if final else {})
@@ -180,19 +192,31 @@ def step_tasks(step: int, groups_per_step: int) -> list[int]:
     return list(range(step * groups_per_step, (step + 1) * groups_per_step))
 
 
-def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int, keep_last: int) -> None:
-    """One checkpoint of every trained policy at `step`, visible only once all are written; then
-    only the newest `keep_last` are kept."""
+def submit_steps(fleet: RolloutFleet, first: int, end: int, t: LoopConfig) -> int:
+    """Submit the groups of steps `first` .. `end - 1` (none past the last step); returns the
+    first step not submitted."""
+    for k in range(first, min(t.steps, end)):
+        fleet.submit(step_tasks(k, t.groups_per_step))
+    return max(first, min(t.steps, end))
+
+
+def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int, keep_last: int,
+         held: list[list[Trace]]) -> None:
+    """One checkpoint of every trained policy at `step`, and the rollout groups `held` for the
+    steps after it, visible only once all are written; then only the newest `keep_last` are kept."""
     checkpoint.start(run_dir, step)
     for policy in policies.values():
         policy.save(run_dir, step)
+    checkpoint.save_rollouts(run_dir, step, held)
     checkpoint.finish(run_dir, step, {p: policy.version for p, policy in policies.items()})
     checkpoint.prune(run_dir, keep_last)
 
 
-def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> int:
+def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> tuple[int, list[list[Trace]]]:
     """Every trained policy from the newest checkpoint of `run_dir` that loads (the one before
-    if the newest is damaged); returns its step."""
+    if the newest is damaged); returns its step and the rollout groups kept with it."""
+    held = []
+
     def load(ckpt: Path, state: dict) -> None:
         if "versions" not in state:
             raise ValueError(f"{ckpt} is in the one-policy layout of older tracerl versions (hf/ and deepspeed/ "
@@ -201,12 +225,14 @@ def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> int:
         missing = sorted(set(policies) - set(state["versions"]))
         if missing:
             raise ValueError(f"{ckpt.name} has no policies {missing} (it holds {sorted(state['versions'])})")
+        held[:] = checkpoint.load_rollouts(ckpt)
         for p, policy in policies.items():
             policy.restore(ckpt, state["versions"][p])
 
     ckpt, state = checkpoint.load_newest(run_dir, load)
-    print(f"[train] resumed from {ckpt} at step {state['step']}", flush=True)
-    return state["step"]
+    print(f"[train] resumed from {ckpt} at step {state['step']}"
+          + (f" with {len(held)} rollout groups of the steps after it" if held else ""), flush=True)
+    return state["step"], held
 
 
 def evaluate(fleet: RolloutFleet, cfg: TrainJobConfig, step: int) -> list[Trace]:

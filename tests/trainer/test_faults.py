@@ -1,18 +1,14 @@
 """Faults a long run meets, on the real stack: checkpoints cut short, a damaged checkpoint, a
 reused run dir, a learner rank that dies or hangs, a harness that always fails."""
 
-import contextlib
-import json
-import threading
-import time
 from dataclasses import replace
 
-import psutil
 import pytest
 import ray
 
-from rollout.trace import Sequence, Trace
+from rollout.trace import Sequence, Trace, TraceError
 from tests.conftest import read_metrics
+from tests.faults import Injector
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.learner import LearnerConfig
@@ -39,6 +35,21 @@ def test_a_save_cut_short_is_never_resumed_from_and_prune_keeps_the_newest(tmp_p
     fake_checkpoint(tmp_path, 8)  # saving step 8 again replaces the leftover
     assert checkpoint.latest(tmp_path).name == "step_000008"
     assert not checkpoint.partial_dir(tmp_path, 8).exists()
+
+
+def test_rollouts_kept_with_a_checkpoint_come_back_by_group_and_a_damaged_one_is_named(tmp_path):
+    def trace(group, i, reward):
+        return Trace(f"{group}-{i}", group, [Sequence([1, 2], [3], [-0.5], "solver", "main", 1)], reward=reward)
+
+    groups = [[trace("g1", 0, 1.0), trace("g1", 1, 0.0)], [trace("g2", 0, 0.5), trace("g2", 1, 0.25)]]
+    checkpoint.start(tmp_path, 2)
+    checkpoint.save_rollouts(tmp_path, 2, groups)
+    checkpoint.finish(tmp_path, 2, {"main": 2})
+    assert checkpoint.load_rollouts(checkpoint.step_dir(tmp_path, 2)) == groups
+    path = checkpoint.step_dir(tmp_path, 2) / "rollouts.jsonl"
+    path.write_bytes(path.read_bytes()[:-20] + b"\n")  # cut short
+    with pytest.raises(TraceError, match="rollouts.jsonl:2"):
+        checkpoint.load_rollouts(checkpoint.step_dir(tmp_path, 2))
 
 
 def test_a_reused_run_dir_is_refused_unless_resumed_or_overwritten(tmp_path):
@@ -120,31 +131,6 @@ def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path)
     assert not (tmp_path / "checkpoints").exists(), "nothing was trained"
 
 
-def named_actors() -> set[str]:
-    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
-
-
-def actor_process(prefix: str, method: str, before: set[str]) -> psutil.Process:
-    """The process of the actor named `prefix`<id> (engines are tracerl-engine-<policy>-<i>-<id>,
-    workers tracerl-worker-<i>-<id>) that is not one of `before` (the session's shared engine is
-    named so too), from its `method`'s answer {"pid": ...}."""
-    [actor] = [a for a in ray.util.list_named_actors(all_namespaces=True)
-               if a["name"].startswith(prefix) and a["name"] not in before]
-    handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
-    return psutil.Process(ray.get(getattr(handle, method).remote(), timeout=120)["pid"])
-
-
-def wait_for_step(run_dir, step: int, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        path = run_dir / "metrics.jsonl"
-        if path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines()
-                                 if '"rollout/reward"' in line):
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"step {step} never came")
-
-
 def test_a_run_survives_a_killed_engine_a_killed_worker_and_a_hung_engine(ray_cluster, tmp_path):
     """SIGKILL of the trained policy's engine in step 2 and of the rollout worker in step 3, SIGSTOP
     of the frozen policy's engine in step 4: Ray restarts the first two, the watchdog finds the
@@ -152,33 +138,15 @@ def test_a_run_survives_a_killed_engine_a_killed_worker_and_a_hung_engine(ray_cl
     trains exactly its groups, none failed, and the restarted engine samples from the learner's
     weights (the importance ratio stays at 1 to float noise, as it would not if it served the
     base model)."""
-    steps, hit, before, injected = 5, [], named_actors(), []
-
-    def fault(after_step: int, prefix: str, method: str, how: str) -> None:
-        wait_for_step(tmp_path, after_step)
-        time.sleep(0.5)  # into the next step's rollout
-        proc = actor_process(prefix, method, before)
-        hit.extend([proc, *proc.children(recursive=True)])
-        getattr(proc, how)()
-        injected.append(prefix)
-
-    def faults():
-        fault(1, "tracerl-engine-main-0-", "info", "kill")  # SIGKILL
-        fault(2, "tracerl-worker-0-", "stats", "kill")
-        fault(3, "tracerl-engine-frozen-0-", "info", "suspend")  # SIGSTOP: alive, never answers
-
-    injector = threading.Thread(target=faults, daemon=True)
+    steps = 5
     cfg = compose("train", ["experiment=smoke", f"run_dir={tmp_path}", f"trainer.steps={steps}", "eval.size=0",
                             "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
                             "engine.health_check_s=2", "engine.health_timeout_s=10", "engine.request_timeout_s=30"])
-    injector.start()
-    try:
+    with Injector(tmp_path, [(1, "tracerl-engine-main-0-", "info", "kill"),  # SIGKILL
+                             (2, "tracerl-worker-0-", "stats", "kill"),
+                             (3, "tracerl-engine-frozen-0-", "info", "suspend")]) as injector:  # SIGSTOP: alive, silent
         summary = train(cfg)
-    finally:
-        for proc in hit:  # what Ray's kill left behind (vLLM's engine-core children)
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-    injector.join(timeout=1)
+    injected = injector.injected
     assert len(injected) == 3, f"all three faults were injected, not only {injected}"
     assert summary["engine_restarts"] == 2 and summary["engines_hung"] == 1, summary
     rows = [m for m in read_metrics(tmp_path) if "rollout/reward" in m]

@@ -6,11 +6,13 @@ so a rising held-out reward shows the whole loop closes.
 """
 
 import json
+import shutil
 
 import pytest
 
 from rollout.trace import Sequence, Trace, read_jsonl
 from tests.conftest import read_metrics as metrics
+from trainer import checkpoint
 from trainer.config import compose
 from trainer.loop import eval_summary, train
 
@@ -39,11 +41,14 @@ def test_eval_summary_counts_failures_apart_from_wrong_answers_and_is_strict_jso
 
 
 @pytest.mark.slow
-def test_async_training_learns_within_staleness_bound(ray_cluster, tmp_path):
-    summary = train(smoke_cfg(tmp_path, "trainer.max_staleness=1", "trainer.steps=20"))
+def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cluster, tmp_path):
+    """20 async steps; then a run resumed from the step-10 checkpoint trains exactly what this one
+    trained in steps 11 and 12, whose rollouts were in flight at the save (kept with it)."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    summary = train(smoke_cfg(straight, "trainer.max_staleness=1", "trainer.steps=20", "trainer.save_every=10"))
     assert summary["initial_eval_reward"] < 0.3
     assert summary["final_eval_reward"] > 0.6, summary
-    steps = [m for m in metrics(tmp_path) if "async/main/staleness_max" in m]
+    steps = [m for m in metrics(straight) if "async/main/staleness_max" in m]
     assert len(steps) == 20
     assert all(m["async/main/staleness_max"] <= 1 for m in steps)
     assert any(m["async/main/staleness_max"] == 1 for m in steps), "rollout must actually overlap training"
@@ -51,6 +56,23 @@ def test_async_training_learns_within_staleness_bound(ray_cluster, tmp_path):
     # group overtaken by the next step's can come in too stale (dropped, counted).
     assert summary["dropped_stale"] == steps[-1]["async/dropped_stale"]
     assert summary["dropped_stale"] < 0.25 * 20 * 64, summary["dropped_stale"]
+
+    # steps 11 and 12 were in flight at the step-10 save: 2 steps of 8 groups kept with it, none at the end
+    kept = checkpoint.load_rollouts(checkpoint.step_dir(straight, 10))
+    assert len(kept) == 2 * 8 and len({g[0].group for g in kept}) == 16 and all(len(g) == 8 for g in kept)
+    assert checkpoint.load_rollouts(checkpoint.step_dir(straight, 20)) == []
+    # a run stopped after that save (the sync resume test SIGKILLs one) resumes from it alone
+    shutil.copytree(checkpoint.step_dir(straight, 10), checkpoint.step_dir(resumed, 10))
+    summary = train(smoke_cfg(resumed, "trainer.max_staleness=1", "trainer.steps=12", "trainer.save_every=10",
+                              "trainer.resume=auto", "eval.size=0"))
+    assert summary["start_step"] == 10
+    before = {m["step"]: m for m in metrics(straight) if m["step"] in (11, 12) and "rollout/reward" in m}
+    after = {m["step"]: m for m in metrics(resumed) if "rollout/reward" in m}
+    assert sorted(after) == [11, 12]
+    for step in (11, 12):  # the same traces on the same weights: the same rewards, the same loss
+        assert after[step]["rollout/reward"] == before[step]["rollout/reward"]
+        assert after[step]["train/main/loss"] == pytest.approx(before[step]["train/main/loss"], abs=1e-6)
+        assert after[step]["train/main/trained_tokens"] == before[step]["train/main/trained_tokens"]
 
 
 @pytest.mark.slow

@@ -150,9 +150,13 @@ def test_resume_with_two_policies_continues_as_the_uninterrupted_run(ray_cluster
         b = load_file(halves / f"checkpoints/step_000004/{p}/hf/model.safetensors")
         first = load_file(halves / f"checkpoints/step_000002/{p}/hf/model.safetensors")
         assert max((first[k] - b[k]).abs().max().item() for k in b) > 1e-3, f"{p}: the resumed half must train"
-        # vLLM's log-probs vary in the last bits with batch composition (~1e-5 after 4 steps)
+        # vLLM's log-probs vary in the last bits with batch composition, and Adam's normalised
+        # step amplifies that in weights whose gradient is near zero (one embedding entry can move
+        # by a few 1e-5 where the run moved it 6e-3): so each tensor's difference is measured
+        # against the resumed half's own update (measured: up to 7e-5 of it, the embeddings).
         for k in a:
-            assert torch.allclose(a[k], b[k], atol=1e-4, rtol=0), (p, k)
+            off = ((a[k] - b[k]).norm() / (b[k] - first[k]).norm()).item()
+            assert off < 1e-3, f"{p} {k}: the resumed run's weights differ by {off:.2e} of its update"
     main = load_file(straight / "checkpoints/step_000004/main/hf/model.safetensors")
     critic = load_file(straight / "checkpoints/step_000004/critic/hf/model.safetensors")
     assert max((main[k] - critic[k]).abs().max().item() for k in main) > 1e-3, "two policies, two sets of weights"

@@ -1,0 +1,72 @@
+"""Fault injection on the real stack, shared by tests/trainer/test_faults.py and
+scripts/bench/faults.py: find a run's actor process by name, wait for a step of a run, and
+kill or stop the process (and later clean up what Ray's restart left behind)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import ray
+
+
+def named_actors() -> set[str]:
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+
+
+def actor_process(prefix: str, method: str, before: set[str]) -> psutil.Process:
+    """The process of the actor named `prefix`<id> (engines are tracerl-engine-<policy>-<i>-<id>,
+    workers tracerl-worker-<i>-<id>) that is not one of `before` (the session's shared engine is
+    named so too), from its `method`'s answer {"pid": ...}."""
+    [actor] = [a for a in ray.util.list_named_actors(all_namespaces=True)
+               if a["name"].startswith(prefix) and a["name"] not in before]
+    handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
+    return psutil.Process(ray.get(getattr(handle, method).remote(), timeout=120)["pid"])
+
+
+def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600) -> None:
+    """Until run_dir's metrics have the row of training step `step`; TimeoutError past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        path = run_dir / "metrics.jsonl"
+        if path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines()
+                                 if '"rollout/reward"' in line):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"step {step} never came")
+
+
+class Injector:
+    """A thread that, for each (after_step, actor prefix, pid method, "kill" | "suspend"), waits for
+    the run's step `after_step`, half a second into the next step's rollout SIGKILLs or SIGSTOPs
+    that actor's process; `injected` lists what it did. As a context manager it kills, on exit,
+    every process it hit and their children (vLLM's engine cores outlive a killed actor)."""
+
+    def __init__(self, run_dir: Path, faults: list[tuple[int, str, str, str]]):
+        self.run_dir, self.faults, self.before = Path(run_dir), faults, named_actors()
+        self.injected: list[str] = []
+        self.hit: list[psutil.Process] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        for after_step, prefix, method, how in self.faults:
+            wait_for_step(self.run_dir, after_step)
+            time.sleep(0.5)  # into the next step's rollout
+            proc = actor_process(prefix, method, self.before)
+            self.hit.extend([proc, *proc.children(recursive=True)])
+            getattr(proc, how)()
+            self.injected.append(prefix)
+
+    def __enter__(self) -> Injector:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.hit:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        self.thread.join(timeout=1)

@@ -5,10 +5,16 @@ calls it through `collective_rpc`. Weights arrive as safetensors-serialised
 bytes, because tensors passed as RPC arguments arrive as plain lists in
 vLLM's multiprocess mode. Imports stay inside the method: this module is
 imported by vLLM's worker process, which may not have our packages' deps
-loaded yet.
+loaded yet (rollout.lora_cpu needs only torch and vLLM).
 """
 
 from __future__ import annotations
+
+from rollout import lora_cpu
+
+# this module is imported in the engine's worker process before its first forward: the CPU
+# backend's LoRA ops are replaced there (rollout/lora_cpu.py says why; the GPU path does not use them)
+lora_cpu.install()
 
 
 def _quiet_expected_reload_warnings(tied: bool):

@@ -79,6 +79,13 @@ def test_adapters_match_hf_peft_and_stay_apart(lora_engine, hf_tiny, tiny_path, 
     # a request for a after b's sync still gets a's weights
     assert (scores(lora_engine, prompt, c.completion_ids, "a") - want_a).abs().max() < 1e-3
 
+    # one batch of base, a and b requests: each gets its own weights, the base none of an adapter's
+    # (vLLM's CPU ops gave a base token the last adapter slot's LoRA: rollout/lora_cpu.py)
+    together = [lora_engine.score.remote(prompt, c.completion_ids, p) for p in ("frozen", "a", "b", "frozen")]
+    got = [torch.tensor(x) for x in ray.get(together, timeout=120)]
+    for p, g in zip(("frozen", "a", "b", "frozen"), got):
+        assert (g - {"frozen": base, "a": want_a, "b": want_b}[p]).abs().max() < 1e-3, p
+
     [ca] = ray.get(lora_engine.generate.remote(prompt, SamplingConfig(max_tokens=4), 0, "a"), timeout=120)
     [cf] = ray.get(lora_engine.generate.remote(prompt, SamplingConfig(max_tokens=4), 0, "frozen"), timeout=120)
     assert ca.version == 1 and cf.version == 0
@@ -147,3 +154,47 @@ def base_digest(model) -> str:
         h.update(name.encode())
         h.update(p.detach().float().numpy().tobytes())
     return h.hexdigest()
+
+
+def test_cpu_lora_ops_group_by_adapter_and_leave_tokens_without_one_alone():
+    """rollout/lora_cpu.py against vLLM's own CPU ops where they agree (every token has an adapter)
+    and against the definition where vLLM's do not (-1: no adapter, a zero LoRA term)."""
+    from vllm.lora.ops import torch_ops as vllm_ops
+
+    from rollout import lora_cpu
+
+    torch.manual_seed(0)
+    slots, rank, width, out_width, n = 3, 8, 24, 40, 11
+    a = torch.randn(slots, 1, rank, width)
+    b = torch.randn(slots, 1, out_width, rank)
+    x = torch.randn(n, width)
+    mixed = torch.tensor([0, 2, 2, -1, 0, 1, -1, 2, 0, 0, 1])
+
+    def reference(idx, scale=0.5):
+        w = torch.stack([a[i, 0] if i >= 0 else torch.zeros(rank, width) for i in idx.tolist()])
+        return scale * torch.einsum("ti,tri->tr", x, w)
+
+    for idx in (torch.tensor([1] * n), torch.tensor([2, 0, 1, 0, 2, 1, 1, 0, 2, 2, 0]), mixed):
+        ours, theirs = torch.full((n, rank), 7.0), torch.full((n, rank), 7.0)
+        lora_cpu.bgmv_shrink(x, a, ours, idx, 0.5)
+        assert torch.allclose(ours, reference(idx), atol=1e-5)
+        if (idx >= 0).all():
+            vllm_ops.bgmv_shrink(x, a, theirs, idx, 0.5)
+            assert torch.allclose(ours, theirs, atol=1e-5)
+        shrunk = reference(idx)
+        for add in (False, True):
+            y0 = torch.randn(n, out_width + 6)
+            ours, theirs = y0.clone(), y0.clone()
+            lora_cpu.bgmv_expand_slice(shrunk, b, ours, idx, 3, out_width, add)
+            want = y0.clone()
+            want[:, 3:3 + out_width] = (y0[:, 3:3 + out_width] if add else 0) + torch.stack(
+                [b[i, 0] @ s if i >= 0 else torch.zeros(out_width) for i, s in zip(idx.tolist(), shrunk)])
+            assert torch.allclose(ours, want, atol=1e-4), add
+            if (idx >= 0).all():
+                vllm_ops.bgmv_expand_slice(shrunk, b, theirs, idx, 3, out_width, add)
+                assert torch.allclose(ours, theirs, atol=1e-4)
+    # prefill: per-sequence indices and lengths, expanded to tokens
+    seq_idx, seq_len = torch.tensor([2, -1, 0]), torch.tensor([4, 3, 4])
+    ours = torch.zeros(n, rank)
+    lora_cpu.sgmv_shrink(x, a, ours, None, seq_len, seq_idx, 3, 4, n, 0.5)
+    assert torch.allclose(ours, reference(torch.repeat_interleave(seq_idx, seq_len)), atol=1e-5)

@@ -153,6 +153,7 @@ class RolloutConfig:
     timeout_s: float = 300.0  # per-episode limit; past it the trace is failed
     retries: int = 1  # times an episode an engine failure ended is run again (same trace id and seeds)
     max_worker_restarts: int = 3  # times a dead worker is restarted and its unfinished groups run again
+    worker_restart_timeout_s: float = 300.0  # a restarted worker that does not answer within this stops the run
 
 
 @dataclass
@@ -286,6 +287,7 @@ def validate(cfg: RolloutJobConfig) -> None:
         (r.timeout_s > 0, "rollout.timeout_s must be > 0"),
         (r.retries >= 0, "rollout.retries must be >= 0"),
         (r.max_worker_restarts >= 0, "rollout.max_worker_restarts must be >= 0"),
+        (r.worker_restart_timeout_s > 0, "rollout.worker_restart_timeout_s must be > 0"),
     ]
     for ok, msg in checks:
         if not ok:

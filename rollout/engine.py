@@ -242,12 +242,12 @@ class Engine:
         """Replace adapter `policy` (written to its PEFT folder, loaded in place under its fixed
         LoRA id); the base and the other adapters are untouched. The prefix cache is reset, as
         its entries for this adapter's id came from the old weights."""
-        from safetensors.torch import load
         from vllm.lora.request import LoRARequest
 
         from rollout.lora import write_adapter
 
-        folder = write_adapter(self._adapter_dir / policy, self.adapters[policy], self.model_path, buckets)
+        folder = self._adapter_dir / policy
+        tensors = write_adapter(folder, self.adapters[policy], self.model_path, buckets)
         lora_id = sorted(self.adapters).index(policy) + 1
         await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
         try:
@@ -258,7 +258,7 @@ class Engine:
             self.adapter_versions[policy] = version
         finally:
             await self._llm.resume_generation()
-        return sum(len(load(b)) for b in buckets)
+        return tensors
 
     async def health(self) -> int:
         """A one-token generation: answers only if the engine core is alive and scheduling."""

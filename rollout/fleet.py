@@ -120,8 +120,9 @@ class RolloutFleet:
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            if not wait_until_restarted(self.workers[worker].stats, 300.0):
-                raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it "
+            if not wait_until_restarted(self.workers[worker].stats, self.cfg.rollout.worker_restart_timeout_s):
+                raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it within "
+                                   f"rollout.worker_restart_timeout_s={self.cfg.rollout.worker_restart_timeout_s} "
                                    f"(killed for good, or past rollout.max_worker_restarts="
                                    f"{self.cfg.rollout.max_worker_restarts}): {e}") from e
             self.worker_restarts += 1

@@ -39,9 +39,9 @@ def saved_name(param_name: str) -> str:
     return param_name.replace(f".{ADAPTER_NAME}.", ".")
 
 
-def write_adapter(folder: str | Path, lora: LoraConfig, base_model: str, blobs: list[bytes]) -> Path:
+def write_adapter(folder: str | Path, lora: LoraConfig, base_model: str, blobs: list[bytes]) -> int:
     """Write a PEFT adapter folder from safetensors blobs of adapter tensors (file by file,
-    through a rename, so a reader never sees half of one)."""
+    through a rename, so a reader never sees half of one); returns how many tensors it holds."""
     from safetensors.torch import load, save
 
     folder = Path(folder)
@@ -55,7 +55,7 @@ def write_adapter(folder: str | Path, lora: LoraConfig, base_model: str, blobs: 
         tmp = folder / f".{name}.tmp"
         tmp.write_bytes(data)
         os.replace(tmp, folder / name)
-    return folder
+    return len(tensors)
 
 
 def vllm_max_rank(ranks: list[int]) -> int:

@@ -114,6 +114,7 @@ def test_bad_values_fail_validation(override, msg):
     ("trainer.keep_last=0", "trainer.keep_last must be >= 1"),
     ("trainer.max_skipped_steps=0", "trainer.max_skipped_steps must be >= 1"),
     ("trainer.max_failed_fraction=1.5", r"trainer.max_failed_fraction must be in \[0, 1\]"),
+    ("rollout.worker_restart_timeout_s=0", "rollout.worker_restart_timeout_s must be > 0"),
 ])
 def test_bad_fault_settings_fail_validation(override, msg):
     with pytest.raises(ValueError, match=msg):

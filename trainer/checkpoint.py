@@ -101,7 +101,8 @@ def save_adapter(learners: LearnerGroup, base_model: str | Path, out: str | Path
     from rollout.lora import write_adapter
 
     [buckets] = learners.collect("export_weights", [learners.export_weights()])
-    return write_adapter(out, learners.lora, str(base_model), buckets)
+    write_adapter(out, learners.lora, str(base_model), buckets)
+    return Path(out)
 
 
 def save_policy(learners: LearnerGroup, base_model: str | Path, run_dir: str | Path, step: int, policy: str) -> Path:

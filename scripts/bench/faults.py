@@ -1,0 +1,96 @@
+"""What each fault costs a run: the same short run without a fault and with one fault at a time.
+
+    python scripts/bench/faults.py [--steps 5] [--faults engine_killed,worker_killed,...]
+
+The run is the fault test's (tests/trainer/test_faults.py): the smoke experiment with
+solver_verifier, the verifier on a frozen engine, 64 traces per step, a 2 s health check. Each
+fault hits half a second into step 2's rollout, through the same injection helpers as the test
+(tests/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of the
+rollout worker; SIGSTOP of an engine (alive, never answers: the watchdog must find it). For each:
+did the run finish, how many traces it trained of those it should have, how many failed, the
+restarts, the episodes run again, and the extra wall time over the fault-free run of the same
+bench (measured side by side; this box is shared and noisy). The last output line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the fault helpers live in tests/
+
+from rollout.cluster import start_ray
+from rollout.config import RayConfig
+from tests.faults import Injector
+from trainer.config import compose
+from trainer.loop import train
+
+RUN = ["experiment=smoke", "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
+       "eval.size=0", "logger=disabled", "engine.health_check_s=2", "engine.health_timeout_s=10",
+       "engine.request_timeout_s=30"]
+FAULTS = {  # name -> (actor name prefix, the actor method that answers its pid, psutil action)
+    "none": None,
+    "engine_killed": ("tracerl-engine-main-0-", "info", "kill"),
+    "frozen_engine_killed": ("tracerl-engine-frozen-0-", "info", "kill"),
+    "engine_hung": ("tracerl-engine-main-0-", "info", "suspend"),
+    "worker_killed": ("tracerl-worker-0-", "stats", "kill"),
+}
+
+
+def run(fault: str, steps: int) -> dict:
+    run_dir = Path(tempfile.mkdtemp(prefix=f"bench-faults-{fault}-"))
+    cfg = compose("train", [*RUN, f"run_dir={run_dir}", f"trainer.steps={steps}"])
+    plan = [(1, *FAULTS[fault])] if FAULTS[fault] else []
+    t0 = time.perf_counter()
+    try:
+        with Injector(run_dir, plan) as injector:
+            summary = train(cfg)
+        error = None
+    except Exception as e:  # a fault the run did not survive is a result, not a bench crash
+        summary, error = {}, f"{type(e).__name__}: {e}"
+    wall_s = time.perf_counter() - t0
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] \
+        if (run_dir / "metrics.jsonl").exists() else []
+    rows = [r for r in rows if "rollout/traces" in r]
+    expected = steps * cfg.trainer.groups_per_step * cfg.rollout.group_size
+    ok = sum(r["rollout/traces"] - r["rollout/failed"] for r in rows)
+    return {"fault": fault, "injected": len(injector.injected) == len(plan), "survived": error is None,
+            "error": error, "steps_done": len(rows), "traces_expected": expected, "traces_trained_ok": ok,
+            "traces_lost": expected - ok, "failed": sum(r["rollout/failed"] for r in rows),
+            "retried": sum(r["rollout/retried"] for r in rows),
+            "engine_restarts": summary.get("engine_restarts"), "engines_hung": summary.get("engines_hung"),
+            "worker_restarts": summary.get("worker_restarts"), "wall_s": round(wall_s, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--faults", default=",".join(f for f in FAULTS if f != "none"),
+                    help=f"comma-separated, of {sorted(FAULTS)}")
+    args = ap.parse_args()
+    names = ["none", *[f for f in args.faults.split(",") if f != "none"]]
+    unknown = sorted(set(names) - set(FAULTS))
+    if unknown:
+        raise SystemExit(f"--faults: unknown {unknown}; choose from {sorted(FAULTS)}")
+    start_ray(RayConfig(num_cpus=4))
+    t0, results = time.time(), {}
+    for name in names:
+        results[name] = run(name, args.steps)
+        print(results[name], flush=True)
+    ray.shutdown()
+    base = results["none"]["wall_s"]
+    for r in results.values():
+        r["extra_wall_s"] = round(r["wall_s"] - base, 1)
+    print(json.dumps({"bench": "faults", "steps": args.steps, "overrides": RUN, "runs": list(results.values()),
+                      "traces_lost_total": sum(r["traces_lost"] for r in results.values()),
+                      "wall_s": round(time.time() - t0, 1)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -28,10 +28,13 @@ def actor_process(prefix: str, method: str, before: set[str]) -> psutil.Process:
     return psutil.Process(ray.get(getattr(handle, method).remote(), timeout=120)["pid"])
 
 
-def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600) -> None:
-    """Until run_dir's metrics have the row of training step `step`; TimeoutError past `timeout_s`."""
+def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600, process=None) -> None:
+    """Until run_dir's metrics have the row of training step `step`; TimeoutError past `timeout_s`,
+    RuntimeError if `process` (a Popen running the run) ends first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the run ended (exit {process.returncode}) before step {step}")
         path = run_dir / "metrics.jsonl"
         if path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines()
                                  if '"rollout/reward"' in line):

@@ -58,6 +58,9 @@ def train(cfg: TrainJobConfig) -> dict:
 
         # ---- resume, the logger, and the held-out eval before training ---------------------
         start, held = restore(policies, resume_from) if resume_from else (0, [])
+        if len(held) % t.groups_per_step:
+            raise ValueError(f"the checkpoint keeps {len(held)} rollout groups, not whole steps of "
+                             f"trainer.groups_per_step={t.groups_per_step}: resume with the run's own value")
         logger = actors.enter_context(RunLogger(run_dir, cfg.logger.mode, cfg.logger.project, cfg.logger.name,
                                                 asdict(cfg), resume_step=start if resume_from else None))
         initial = final = evaluate(fleet, cfg, start)
@@ -68,9 +71,6 @@ def train(cfg: TrainJobConfig) -> dict:
         # `held`: complete groups of the steps after the last trained one, already out of the
         # fleet (drained at a checkpoint, or read from one); `ahead`: the first step neither
         # held nor submitted
-        if len(held) % t.groups_per_step:
-            raise ValueError(f"the checkpoint keeps {len(held)} rollout groups, not whole steps of "
-                             f"trainer.groups_per_step={t.groups_per_step}: resume with the run's own value")
         ahead = submit_steps(fleet, start + len(held) // t.groups_per_step, start + 1 + t.max_staleness, t)
         for step in range(start, t.steps):
             t0 = time.perf_counter()

@@ -5,16 +5,26 @@ Rewards can only rise if the engines really sample from the trained weights,
 so a rising held-out reward shows the whole loop closes.
 """
 
+import contextlib
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from rollout.trace import Sequence, Trace, read_jsonl
 from tests.conftest import read_metrics as metrics
+from tests.faults import wait_for_step
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.loop import eval_summary, train
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def smoke_cfg(run_dir, *overrides):
@@ -42,8 +52,9 @@ def test_eval_summary_counts_failures_apart_from_wrong_answers_and_is_strict_jso
 
 @pytest.mark.slow
 def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cluster, tmp_path):
-    """20 async steps; then a run resumed from the step-10 checkpoint trains exactly what this one
-    trained in steps 11 and 12, whose rollouts were in flight at the save (kept with it)."""
+    """20 async steps; then a run resumed from the step-10 checkpoint, SIGKILLed in step 12 and
+    resumed again, trains exactly what this one trained in steps 11 and 12, whose rollouts were
+    in flight at the save (kept with it)."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     summary = train(smoke_cfg(straight, "trainer.max_staleness=1", "trainer.steps=20", "trainer.save_every=10"))
     assert summary["initial_eval_reward"] < 0.3
@@ -61,14 +72,26 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
     kept = checkpoint.load_rollouts(checkpoint.step_dir(straight, 10))
     assert len(kept) == 2 * 8 and len({g[0].group for g in kept}) == 16 and all(len(g) == 8 for g in kept)
     assert checkpoint.load_rollouts(checkpoint.step_dir(straight, 20)) == []
-    # a run stopped after that save (the sync resume test SIGKILLs one) resumes from it alone
+    # that checkpoint alone, in a new run dir: scripts/train.py resumes from it and is SIGKILLed
+    # once it has trained step 11; the same command resumes again and runs to the end
     shutil.copytree(checkpoint.step_dir(straight, 10), checkpoint.step_dir(resumed, 10))
-    summary = train(smoke_cfg(resumed, "trainer.max_staleness=1", "trainer.steps=12", "trainer.save_every=10",
-                              "trainer.resume=auto", "eval.size=0"))
+    common = ["experiment=smoke", "trainer.max_staleness=1", "trainer.steps=14", "trainer.save_every=10",
+              "eval.size=0", "trainer.resume=auto", f"run_dir={resumed}"]
+    driver = subprocess.Popen([sys.executable, "scripts/train.py", *common], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for_step(resumed, 11, process=driver)
+        driver.kill()
+        driver.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)  # the Ray processes it started
+    assert checkpoint.latest(resumed).name == "step_000010"
+    summary = train(compose("train", common))
     assert summary["start_step"] == 10
-    before = {m["step"]: m for m in metrics(straight) if m["step"] in (11, 12) and "rollout/reward" in m}
+    before = {m["step"]: m for m in metrics(straight) if "rollout/reward" in m}
     after = {m["step"]: m for m in metrics(resumed) if "rollout/reward" in m}
-    assert sorted(after) == [11, 12]
+    assert sorted(after) == [11, 12, 13, 14]
     for step in (11, 12):  # the same traces on the same weights: the same rewards, the same loss
         assert after[step]["rollout/reward"] == before[step]["rollout/reward"]
         assert after[step]["train/main/loss"] == pytest.approx(before[step]["train/main/loss"], abs=1e-6)

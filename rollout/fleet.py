@@ -27,7 +27,7 @@ import ray
 from rollout.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
 from rollout.config import RolloutJobConfig, SamplingConfig
 from rollout.models import resolve_model
-from rollout.router import wait_until_restarted
+from rollout.router import actor_state, wait_until_restarted
 from rollout.trace import Trace
 
 
@@ -120,7 +120,7 @@ class RolloutFleet:
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            if not wait_until_restarted(self.workers[worker].stats, self.cfg.rollout.worker_restart_timeout_s):
+            if not wait_until_restarted(self.workers[worker], "stats", self.cfg.rollout.worker_restart_timeout_s):
                 raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it within "
                                    f"rollout.worker_restart_timeout_s={self.cfg.rollout.worker_restart_timeout_s} "
                                    f"(killed for good, or past rollout.max_worker_restarts="
@@ -193,7 +193,7 @@ class RolloutFleet:
         self.hung_restarts += 1
         ray.kill(engine, no_restart=False)
         time.sleep(1.0)  # let Ray see it die before asking for it
-        wait_until_restarted(engine.info, cfg.start_timeout_s)  # a slow start is not a hang
+        wait_until_restarted(engine, "info", cfg.start_timeout_s)  # a slow start is not a hang
 
     # ---------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
@@ -228,15 +228,4 @@ def finished_requests(info_ref, timeout_s: float) -> int | None:
         return ray.get(info_ref, timeout=timeout_s)["finished"]
     except Exception:
         return None
-
-
-def actor_state(actor) -> str:
-    """Ray's state of an actor (ALIVE, RESTARTING, DEAD, ...); ALIVE when Ray cannot say. (Ray
-    has no public call for it without its dashboard.)"""
-    from ray._private import state
-
-    try:
-        return state.actors(actor_id=actor._actor_id.hex())["State"]
-    except Exception:
-        return "ALIVE"
 

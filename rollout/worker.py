@@ -53,8 +53,9 @@ class RolloutWorker:
 
     async def episode(self, task, group: str, sample: int, sampling: SamplingConfig | None = None) -> Trace:
         """Run the harness on `task`; always returns a Trace (failed on any error). An attempt that
-        an engine failure ended (an engine died, or did not answer within engine.request_timeout_s)
-        is run again from the start, up to `rollout.retries` times, with the same trace id (so the
+        an engine failure ended (an engine that died did not come back, or died again, or one did
+        not answer within engine.request_timeout_s; a request that met a dead engine is first sent
+        again to the restarted one, counted in info["requests_resent"]) is run again from the start, up to `rollout.retries` times, with the same trace id (so the
         same sampling seeds); the trace records its attempts in info["attempts"]."""
         for attempt in range(1, self.cfg.retries + 2):
             trace, engine_failed = await self.attempt(task, group, sample, sampling)
@@ -85,6 +86,7 @@ class RolloutWorker:
             status, error, engine_failed = "failed", _describe(e), True
         except Exception as e:  # a harness bug must not take the worker down
             status, error = "failed", _describe(e)
+        resent = sum(router.resent.pop(recorder.trace_id, 0) for router in self.routers.values())
         if status == "ok" and any(s.finish_reason == "length" for s in recorder.sequences):
             status = "truncated"
         end = time.time()
@@ -93,7 +95,7 @@ class RolloutWorker:
                       agent_rewards=result.agent_rewards if result else None,
                       status=status, error=error,
                       info={"task": task.id, "question": task.question, "worker": self.worker_id,
-                            **(result.info if result else {})},
+                            **({"requests_resent": resent} if resent else {}), **(result.info if result else {})},
                       timings={"start": start, "end": end, "duration_s": end - start})
         try:
             trace = Trace(**fields)

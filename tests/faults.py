@@ -18,14 +18,21 @@ def named_actors() -> set[str]:
     return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
 
 
-def actor_process(prefix: str, method: str, before: set[str]) -> psutil.Process:
+def actor_process(prefix: str, method: str, before: set[str], timeout_s: float = 300) -> psutil.Process:
     """The process of the actor named `prefix`<id> (engines are tracerl-engine-<policy>-<i>-<id>,
     workers tracerl-worker-<i>-<id>) that is not one of `before` (the session's shared engine is
-    named so too), from its `method`'s answer {"pid": ...}."""
+    named so too), from its `method`'s answer {"pid": ...}; waits while Ray restarts the actor."""
     [actor] = [a for a in ray.util.list_named_actors(all_namespaces=True)
                if a["name"].startswith(prefix) and a["name"] not in before]
     handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
-    return psutil.Process(ray.get(getattr(handle, method).remote(), timeout=120)["pid"])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return psutil.Process(ray.get(getattr(handle, method).remote(), timeout=timeout_s)["pid"])
+        except ray.exceptions.ActorUnavailableError:  # restarting (e.g. after the watchdog's kill)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600, process=None) -> None:
@@ -46,22 +53,27 @@ def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600, process=None
 class Injector:
     """A thread that, for each (after_step, actor prefix, pid method, "kill" | "suspend"), waits for
     the run's step `after_step`, half a second into the next step's rollout SIGKILLs or SIGSTOPs
-    that actor's process; `injected` lists what it did. As a context manager it kills, on exit,
+    that actor's process; `injected` lists what it did, `errors` what stopped it. As a context manager it kills, on exit,
     every process it hit and their children (vLLM's engine cores outlive a killed actor)."""
 
     def __init__(self, run_dir: Path, faults: list[tuple[int, str, str, str]]):
         self.run_dir, self.faults, self.before = Path(run_dir), faults, named_actors()
         self.injected: list[str] = []
+        self.errors: list[str] = []
         self.hit: list[psutil.Process] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         for after_step, prefix, method, how in self.faults:
-            wait_for_step(self.run_dir, after_step)
-            time.sleep(0.5)  # into the next step's rollout
-            proc = actor_process(prefix, method, self.before)
-            self.hit.extend([proc, *proc.children(recursive=True)])
-            getattr(proc, how)()
+            try:
+                wait_for_step(self.run_dir, after_step)
+                time.sleep(0.5)  # into the next step's rollout
+                proc = actor_process(prefix, method, self.before)
+                self.hit.extend([proc, *proc.children(recursive=True)])
+                getattr(proc, how)()
+            except Exception as e:
+                self.errors.append(f"{how} {prefix} after step {after_step}: {type(e).__name__}: {e}")
+                return
             self.injected.append(prefix)
 
     def __enter__(self) -> Injector:

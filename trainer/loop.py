@@ -94,7 +94,8 @@ def train(cfg: TrainJobConfig) -> dict:
             m.update({"perf/rollout_wait_s": t_wait, "perf/step_s": step_s,
                       "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s,
                       "rollout/engine_restarts": float(fleet.engine_restarts()),
-                      "rollout/retried": float(sum("attempts" in tr.info for tr in traces))})
+                      "rollout/retried": float(sum("attempts" in tr.info for tr in traces)),
+                      "rollout/resent": float(sum(tr.info.get("requests_resent", 0) for tr in traces))})
             done = step + 1
             # the checkpoint first: an eval that fails (the breaker) must not lose the step's training
             if (t.save_every and done % t.save_every == 0) or done == t.steps:

@@ -5,11 +5,12 @@
 The run is the fault test's (tests/trainer/test_faults.py): the smoke experiment with
 solver_verifier, the verifier on a frozen engine, 64 traces per step, a 2 s health check. Each
 fault hits half a second into step 2's rollout, through the same injection helpers as the test
-(tests/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of the
-rollout worker; SIGSTOP of an engine (alive, never answers: the watchdog must find it). For each:
-did the run finish, how many traces it trained of those it should have, how many failed, the
-restarts, the episodes run again, and the extra wall time over the fault-free run of the same
-bench (measured side by side; this box is shared and noisy). The last output line is one JSON object.
+(tests/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
+half a second apart, of the rollout worker; SIGSTOP of an engine (alive, never answers: the
+watchdog must find it). For each: did the run finish, how many traces it trained of those it
+should have, how many failed, the restarts, the episodes run again, and the extra wall time over
+the fault-free run of the same bench (measured side by side; this box is shared and noisy).
+The last output line is one JSON object.
 """
 
 from __future__ import annotations
@@ -34,19 +35,21 @@ from trainer.loop import train
 RUN = ["experiment=smoke", "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
        "eval.size=0", "logger=disabled", "engine.health_check_s=2", "engine.health_timeout_s=10",
        "engine.request_timeout_s=30"]
-FAULTS = {  # name -> (actor name prefix, the actor method that answers its pid, psutil action)
-    "none": None,
-    "engine_killed": ("tracerl-engine-main-0-", "info", "kill"),
-    "frozen_engine_killed": ("tracerl-engine-frozen-0-", "info", "kill"),
-    "engine_hung": ("tracerl-engine-main-0-", "info", "suspend"),
-    "worker_killed": ("tracerl-worker-0-", "stats", "kill"),
+ENGINE_KILLED, FROZEN_ENGINE_KILLED = ("tracerl-engine-main-0-", "info", "kill"), ("tracerl-engine-frozen-0-", "info", "kill")
+FAULTS = {  # name -> [(actor name prefix, the actor method that answers its pid, psutil action)], 0.5 s apart
+    "none": [],
+    "engine_killed": [ENGINE_KILLED],
+    "frozen_engine_killed": [FROZEN_ENGINE_KILLED],
+    "two_engines_killed": [ENGINE_KILLED, FROZEN_ENGINE_KILLED],
+    "engine_hung": [("tracerl-engine-main-0-", "info", "suspend")],
+    "worker_killed": [("tracerl-worker-0-", "stats", "kill")],
 }
 
 
 def run(fault: str, steps: int) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-faults-{fault}-"))
     cfg = compose("train", [*RUN, f"run_dir={run_dir}", f"trainer.steps={steps}"])
-    plan = [(1, *FAULTS[fault])] if FAULTS[fault] else []
+    plan = [(1, *hit) for hit in FAULTS[fault]]
     t0 = time.perf_counter()
     try:
         with Injector(run_dir, plan) as injector:
@@ -60,7 +63,7 @@ def run(fault: str, steps: int) -> dict:
     rows = [r for r in rows if "rollout/traces" in r]
     expected = steps * cfg.trainer.groups_per_step * cfg.rollout.group_size
     ok = sum(r["rollout/traces"] - r["rollout/failed"] for r in rows)
-    return {"fault": fault, "injected": len(injector.injected) == len(plan), "survived": error is None,
+    return {"fault": fault, "injected": len(injector.injected) == len(plan), "injector_errors": injector.errors, "survived": error is None,
             "error": error, "steps_done": len(rows), "traces_expected": expected, "traces_trained_ok": ok,
             "traces_lost": expected - ok, "failed": sum(r["rollout/failed"] for r in rows),
             "retried": sum(r["rollout/retried"] for r in rows),

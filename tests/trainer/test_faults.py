@@ -133,12 +133,12 @@ def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path)
 
 def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_cluster, tmp_path):
     """SIGKILL of the trained policy's engine in step 2 and of the rollout worker in step 3, SIGSTOP
-    of the frozen policy's engine in step 4, SIGKILL of the (restarted) frozen engine in step 5:
-    Ray restarts the killed ones, the watchdog finds the hung one and has it restarted; the
-    episodes they cut short run again. Every step still trains exactly its groups, none failed,
-    and the restarted engine samples from the learner's weights (the importance ratio stays at 1
-    to float noise, as it would not if it served the base model). One fault at a time: two
-    engines killed at once can fail most of a step's episodes (see the README's Faults)."""
+    of the frozen policy's engine in step 4, SIGKILL of both engines half a second apart in step 5
+    (as when a node goes): Ray restarts the killed ones, the watchdog finds the hung one and has it
+    restarted; the requests they cut short are sent again to the restarted engines, the worker's
+    unfinished groups run again. Every step still trains exactly its groups, none failed, and the
+    restarted engines sample from the learner's weights (the importance ratio stays at 1 to float
+    noise, as it would not if they served the base model)."""
     steps = 6
     cfg = compose("train", ["experiment=smoke", f"run_dir={tmp_path}", f"trainer.steps={steps}", "eval.size=0",
                             "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
@@ -146,17 +146,18 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
     with Injector(tmp_path, [(1, "tracerl-engine-main-0-", "info", "kill"),  # SIGKILL
                              (2, "tracerl-worker-0-", "stats", "kill"),
                              (3, "tracerl-engine-frozen-0-", "info", "suspend"),  # SIGSTOP: alive, silent
-                             (4, "tracerl-engine-frozen-0-", "info", "kill")]) as injector:
+                             (4, "tracerl-engine-main-0-", "info", "kill"),
+                             (4, "tracerl-engine-frozen-0-", "info", "kill")]) as injector:  # 0.5 s later
         summary = train(cfg)
-    injected = injector.injected
-    assert len(injected) == 4, f"all four faults were injected, not only {injected}"
-    assert summary["engine_restarts"] == 3 and summary["engines_hung"] == 1, summary
+    assert len(injector.injected) == 5 and not injector.errors, (injector.injected, injector.errors)
+    assert summary["engine_restarts"] == 4 and summary["engines_hung"] == 1, summary
     rows = [m for m in read_metrics(tmp_path) if "rollout/reward" in m]
     assert [m["step"] for m in rows] == list(range(1, steps + 1))
     assert all(m["rollout/traces"] == 64 and m["rollout/failed"] == 0 for m in rows), rows
-    assert rows[1]["rollout/retried"] > 0, "the killed engine's episodes ran again"
+    assert rows[1]["rollout/resent"] > 0 and rows[4]["rollout/resent"] > 0, \
+        "the requests the killed engines cut short were sent again"
     restarts = [m["rollout/engine_restarts"] for m in rows]
-    assert restarts[0] == 0 and restarts[1] == 1 and restarts[3] == 2 and restarts[4] == 3, restarts
+    assert restarts[0] == 0 and restarts[1] == 1 and restarts[3] == 2 and restarts[4] == 4, restarts
     assert summary["worker_restarts"] == 1
     # the engine's behaviour log-probs are the learner's to float noise at every step (base weights
     # served after a restart would put the importance ratio far from 1 at these learning rates)

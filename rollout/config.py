@@ -225,14 +225,16 @@ class RolloutJobConfig:
     def policy_lora(self, policy: str) -> LoraConfig | None:
         return self.policy_table()[policy].lora
 
+    def base_model_key(self, policy: str) -> tuple:
+        """What makes two policies' models the same base (for engines and learners to share it)."""
+        m = self.policy_model(policy)
+        return m.name, m.path, m.dtype, m.max_model_len
+
     def engine_pools(self) -> dict[str, list[str]]:
         """Which used policies share engines: pool name -> its policies (sorted). A LoRA policy's
         engines serve its base model with every adapter on that base, and the base itself to the
         frozen policies of the same model; every other policy has its own pool, named after it."""
-        def base(p: str) -> tuple:
-            m = self.policy_model(p)
-            return m.name, m.path, m.dtype, m.max_model_len
-
+        base = self.base_model_key
         table, pools = self.policy_table(), {}
         adapters = [p for p in self.used_policies() if table[p].lora is not None]
         for p in self.used_policies():

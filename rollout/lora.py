@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from rollout.config import VLLM_LORA_RANKS, LoraConfig
-
-ADAPTER_NAME = "default"  # PEFT's name for the one adapter a learner trains
-
 
 def peft_config(lora: LoraConfig, base_model: str):
     """The peft.LoraConfig of `lora` on `base_model` (a causal LM). PEFT's default init leaves
@@ -34,9 +32,10 @@ def adapter_config(lora: LoraConfig, base_model: str) -> dict:
     return {k: sorted(v) if isinstance(v, set) else v for k, v in d.items()}
 
 
-def saved_name(param_name: str) -> str:
-    """PEFT's saved name of a trainable adapter parameter (the adapter's name dropped)."""
-    return param_name.replace(f".{ADAPTER_NAME}.", ".")
+def saved_name(param_name: str, adapter: str) -> str:
+    """PEFT's saved name of adapter `adapter`'s parameter (learners name each adapter after its
+    policy; the saved name drops it): ...q_proj.lora_A.<adapter>.weight -> ...q_proj.lora_A.weight."""
+    return re.sub(rf"\.(lora_[AB])\.{re.escape(adapter)}\.", r".\1.", param_name)
 
 
 def write_adapter(folder: str | Path, lora: LoraConfig, base_model: str, blobs: list[bytes]) -> int:

@@ -227,15 +227,22 @@ def test_a_local_cluster_holds_every_actor_of_any_agents_mapping():
 
 # ---- LoRA policies: adapters on one base share its engines ------------------------------------
 
-def test_lora_policies_and_the_frozen_base_share_one_engine_pool():
-    cfg = compose("train", ["harness=debate", "agents.debater_a=a", "agents.debater_b=b",
-                            "+policies.a.lora.rank=16", "+policies.b.lora.alpha=8", "+policies.b.lora.rank=4"])
+def test_lora_policies_and_the_frozen_base_share_one_engine_pool_and_one_learner_group():
+    cfg_args = ["harness=debate", "agents.debater_a=a", "agents.debater_b=b",
+                "+policies.a.lora.rank=16", "+policies.b.lora.alpha=8", "+policies.b.lora.rank=4"]
+    cfg = compose("train", cfg_args)
     validate_train(cfg)
     assert cfg.policy_lora("a").rank == 16 and cfg.policy_lora("a").alpha == 32.0  # the schema's defaults
     assert cfg.policy_lora("b").rank == 4 and "down_proj" in cfg.policy_lora("b").target_modules
     assert cfg.engine_pools() == {"a+b+frozen": ["a", "b", "frozen"]}
     assert cfg.trainable_policies() == ["a", "b"]
-    assert cfg.cpus_asked() == 1.0 + 2 * 2.0  # one engine; two learner groups of 2 ranks
+    assert cfg.learner_groups() == {"a+b": ["a", "b"]}  # the adapters' learner ranks hold the base once
+    assert cfg.cpus_asked() == 1.0 + 2.0  # one engine; one learner group of 2 ranks
+    # apart when their ranks differ, under ZeRO-3 (the model itself is sharded), or when asked
+    for apart in (["+policies.b.learner.world_size=1"], ["learner.zero_stage=3"], ["learner.share_lora_base=false"]):
+        assert compose("train", [*cfg_args, *apart]).learner_groups() == {"a": ["a"], "b": ["b"]}, apart
+    # each adapter's optimizer settings are its own
+    assert compose("train", [*cfg_args, "+policies.b.learner.lr=1e-3"]).learner_groups() == {"a+b": ["a", "b"]}
     # a full trained policy of the same model keeps its own engines; a frozen judge of another model too
     cfg = compose("train", ["harness=debate", "agents.debater_a=a", "+policies.a.lora.rank=8",
                             "agents.judge=judge", "+policies.judge.trainable=false", "+policies.judge.model.name=tiny_tied"])

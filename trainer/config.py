@@ -7,6 +7,7 @@ starts and raises ValueError naming the key(s) and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -17,7 +18,7 @@ from rollout.config import MAIN_POLICY, GenerateJobConfig, RolloutJobConfig, ove
 from rollout.config import register_configs as register_rollout_configs
 from rollout.config import validate as validate_rollout
 from trainer.advantages import AdvantageConfig
-from trainer.learner import LearnerConfig
+from trainer.learner import PER_ADAPTER, LearnerConfig
 from trainer.losses import LossConfig
 
 
@@ -76,9 +77,29 @@ class TrainJobConfig(RolloutJobConfig):
     run_dir: str = "runs/default"  # resolved config, metrics.jsonl, checkpoints, summary.json
 
     def cpus_asked(self) -> float:
-        """Ray CPUs the job's actors ask for together: engines, and every trained policy's learner ranks."""
+        """Ray CPUs the job's actors ask for together: engines, and every learner group's ranks."""
         return super().cpus_asked() + sum(lr.num_cpus * lr.world_size
-                                          for lr in map(self.policy_learner, self.trainable_policies()))
+                                          for lr in map(self.group_learner, self.learner_groups().values()))
+
+    def learner_groups(self) -> dict[str, list[str]]:
+        """Which trained policies share learner ranks: group name -> its policies. LoRA policies on
+        one base model share one group, which holds the base once, when `learner.share_lora_base`
+        is on for them and their ranks are placed and sharded alike (every learner setting but the
+        optimizer's, ZeRO stage below 3); every other trained policy has its own group."""
+        groups: dict[tuple, list[str]] = {}
+        for p in self.trainable_policies():
+            lr = self.policy_learner(p)
+            if self.policy_lora(p) is not None and lr.share_lora_base and lr.zero_stage < 3:
+                ranks = dataclasses.replace(lr, **{k: getattr(LearnerConfig, k) for k in PER_ADAPTER})
+                key = ("lora", self.base_model_key(p), repr(ranks))
+            else:
+                key = ("own", p)
+            groups.setdefault(key, []).append(p)
+        return {"+".join(ps): ps for ps in groups.values()}
+
+    def group_learner(self, policies: list[str]) -> LearnerConfig:
+        """The learner settings of a group's ranks (its policies agree on them but the optimizer's)."""
+        return self.policy_learner(policies[0])
 
     def policy_learner(self, policy: str) -> LearnerConfig:
         """`learner` with `policies.<policy>.learner` applied: that policy's learner ranks."""

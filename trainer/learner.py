@@ -11,18 +11,25 @@ sum-over-ranks-and-micro-batches of the gradients. DeepSpeed averages over
 ranks and (optionally) divides by the accumulation steps; `train_step` undoes
 both explicitly.
 
-With `lora` a rank holds the base model frozen and trains one PEFT LoRA adapter on
-it: only the adapter's parameters have gradients and optimizer state, and
-`export_weights` sends only them (PEFT's saved names, see rollout/lora.py).
+With `adapters` a rank holds the base model once, frozen, and trains one PEFT LoRA
+adapter per adapter policy on it, each with its own DeepSpeed engine over the
+shared module: its own optimizer (state, lr, schedule, clipping) over its own
+adapter's parameters. Every per-policy call names its adapter, which becomes
+PEFT's active one and the only parameters with requires_grad, so a step of one
+adapter neither reads nor moves the others (ZeRO 0-2; ZeRO-3 partitions the
+module itself, so there each adapter needs its own ranks). `export_weights`
+sends only the adapter's tensors (PEFT's saved names, see rollout/lora.py).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from enum import StrEnum
 
 from trainer.losses import LossConfig, microbatch_loss
@@ -52,12 +59,17 @@ class LearnerConfig:
     gradient_checkpointing: bool = False  # trade compute for activation memory
     dist_timeout_s: float = 600.0  # collective-op timeout
     call_timeout_s: float = 1800.0  # one learner call (train step, weight export, save, load) longer than this stops the run
+    share_lora_base: bool = True  # LoRA policies on one base model train on one set of ranks holding the base once
 
 
-def _grad_norm(module) -> float:
+# The learner settings each adapter of a shared group keeps its own (its optimizer's).
+PER_ADAPTER = ("optimizer", "lr", "warmup_steps", "weight_decay", "betas", "grad_clip")
+
+
+def _grad_norm(params) -> float:
     import torch
 
-    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    norms = [p.grad.detach().float().norm() for p in params if p.grad is not None]
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
@@ -67,17 +79,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class _Slot:
+    """One trained set of parameters on a rank (the full model, or one adapter) and its DeepSpeed
+    engine: the optimizer, the lr schedule and the step counts that go with it."""
+
+    engine: Any
+    scheduler: Any
+    params: list  # the parameters it trains
+    names: list[str]  # and their module names
+    step: int = 0
+    skipped_steps: int = 0  # optimizer steps skipped for a non-finite loss or gradient
+
+
 class Learner:
     def __init__(self, rank: int, model_path: str, cfg: LearnerConfig, loss: LossConfig,
-                 dtype: str = "float32", seed: int = 0, lora=None):
+                 dtype: str = "float32", seed: int = 0, adapters: dict | None = None):
         """`dtype`: the model's (`model.dtype`): float32, or bfloat16 with fp32 master weights;
-        `lora`: a rollout.config.LoraConfig to train an adapter on the frozen model instead."""
+        `adapters`: {policy: (rollout.config.LoraConfig, LearnerConfig)}: train those LoRA adapters
+        on the frozen model instead, each with its own optimizer settings (lr, betas, ...)."""
         self.rank, self.model_path, self.cfg, self.loss_cfg = rank, model_path, cfg, loss
-        self.lora = lora
+        self.adapters = dict(adapters or {})
         self.dtype, self.seed = dtype, seed
-        self.step = 0
-        self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
-        self.engine = None
+        self.slots: dict[str | None, _Slot] = {}  # adapter policy (None: the full model) -> its slot
+        self.module = None
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 listens for the rendezvous (call on rank 0 before `setup`)."""
@@ -86,7 +111,7 @@ class Learner:
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, master_addr: str, master_port: int) -> dict:
-        """Join the process group and build the DeepSpeed engine; all ranks must call it at once."""
+        """Join the process group and build the DeepSpeed engine(s); all ranks must call it at once."""
         import datetime
 
         import deepspeed
@@ -112,52 +137,93 @@ class Learner:
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        if self.lora is not None:
+        if self.adapters:
             from peft import get_peft_model
 
             from rollout.lora import peft_config
 
-            # the same seed on every rank: the same lora_A init (lora_B starts at 0)
-            model = get_peft_model(model, peft_config(self.lora, self.model_path))
+            if cfg.zero_stage == 3 and len(self.adapters) > 1:
+                raise ValueError("ZeRO-3 partitions the model itself: adapters on one base cannot share its "
+                                 "ranks; give each adapter policy its own learner group")
+            for i, (name, (lora, _)) in enumerate(self.adapters.items()):
+                torch.manual_seed(self.seed)  # every adapter's lora_A as if it were alone (lora_B starts at 0)
+                if i == 0:
+                    model = get_peft_model(model, peft_config(lora, self.model_path), adapter_name=name)
+                else:
+                    model.add_adapter(name, peft_config(lora, self.model_path))
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-            if self.lora is not None:  # the frozen embeddings' output must carry grad into the blocks
+            if self.adapters:  # the frozen embeddings' output must carry grad into the blocks
                 model.enable_input_require_grads()
+        self.module = model
         self.ref_model = None
         if self.loss_cfg.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
             self.ref_model.requires_grad_(False)
-        # A torch optimizer, not a DeepSpeed-named one: those g++-build fused ops on first use.
-        trained = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapter's only
-        if cfg.optimizer == "adamw":
-            opt = torch.optim.AdamW(trained, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        if not self.adapters:
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            self.slots[None] = self._slot(model, named, cfg)
+        for name, (_, opt_cfg) in self.adapters.items():
+            own = re.compile(rf"\.lora_[AB]\.{re.escape(name)}\.")
+            named = [(n, p) for n, p in model.named_parameters() if own.search(n)]
+            self.slots[name] = self._slot(model, named, opt_cfg, name)
+        self.activate(next(iter(self.slots)))
+        import ray
+
+        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()),
+                "trained_params": sum(p.numel() for s in self.slots.values() for p in s.params),
+                "node_id": ray.get_runtime_context().get_node_id()}
+
+    def _slot(self, model, named: list, opt_cfg: LearnerConfig, adapter: str | None = None) -> _Slot:
+        """A DeepSpeed engine over `model` that trains the `named` parameters only, with `opt_cfg`'s
+        optimizer settings (a torch optimizer: DeepSpeed's own g++-build fused ops on first use)."""
+        import deepspeed
+        import torch
+
+        slot = _Slot(None, None, [p for _, p in named], [n for n, _ in named])
+        if adapter is not None:
+            self.slots[adapter] = slot
+            self.activate(adapter)  # ZeRO takes only parameters that require grad
+        if opt_cfg.optimizer == "adamw":
+            opt = torch.optim.AdamW(slot.params, lr=opt_cfg.lr, betas=tuple(opt_cfg.betas),
+                                    weight_decay=opt_cfg.weight_decay)
         else:
-            opt = torch.optim.SGD(trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        warmup = max(cfg.warmup_steps, 0)
+            opt = torch.optim.SGD(slot.params, lr=opt_cfg.lr, weight_decay=opt_cfg.weight_decay)
+        warmup = max(opt_cfg.warmup_steps, 0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,  # one packed MicroBatch per micro step
             "gradient_accumulation_steps": 1,  # reset per step from the shard size
-            "gradient_clipping": cfg.grad_clip,
-            "zero_optimization": {"stage": cfg.zero_stage},
+            "gradient_clipping": opt_cfg.grad_clip,
+            "zero_optimization": {"stage": self.cfg.zero_stage},
             "zero_allow_untested_optimizer": True,  # torch SGD (AdamW is on the tested list)
             "bf16": {"enabled": self.dtype == "bfloat16", "check_grad_overflow": True},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
-        self.engine, _, _, self.scheduler = deepspeed.initialize(
-            model=model, model_parameters=trained, optimizer=opt, lr_scheduler=sched, config=ds_config)
-        import ray
+        slot.engine, _, _, slot.scheduler = deepspeed.initialize(
+            model=model, model_parameters=slot.params, optimizer=opt, lr_scheduler=sched, config=ds_config)
+        return slot
 
-        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()),
-                "trained_params": sum(p.numel() for p in trained),
-                "node_id": ray.get_runtime_context().get_node_id()}
+    def activate(self, adapter: str | None) -> _Slot:
+        """The slot of `adapter` (None: the full model), made the one that runs and trains: PEFT's
+        active adapter, and the only adapter whose parameters require grad."""
+        if adapter not in self.slots:
+            raise KeyError(f"this learner trains {sorted(map(str, self.slots))}, not {adapter!r}")
+        if adapter is not None:
+            self.module.set_adapter(adapter)
+            for name, slot in self.slots.items():
+                for p in slot.params:
+                    p.requires_grad_(name == adapter)
+        return self.slots[adapter]
 
     # ---------------------------------------------------------------- train
-    def train_step(self, shard: list[MicroBatch]) -> dict[str, float]:
-        """One optimizer step over this rank's micro-batches (every rank has the same count)."""
+    def train_step(self, shard: list[MicroBatch], adapter: str | None = None) -> dict[str, float]:
+        """One optimizer step over this rank's micro-batches (every rank has the same count), of
+        the full model or of `adapter`."""
         t0 = time.perf_counter()
-        eng = self.engine
+        slot = self.activate(adapter)
+        eng = slot.engine
         eng.set_train_batch_size(len(shard) * self.cfg.world_size)
         sums: dict[str, float] = {}
         loss_total = 0.0
@@ -171,60 +237,62 @@ class Learner:
                 # ZeRO-0 fp32 neither records the norm nor skips a non-finite step (every other
                 # ZeRO stage and bf16 skip it themselves). The gradients are all-reduced by now,
                 # so every rank sees the same norm and takes the same decision.
-                own_norm = _grad_norm(eng.module)
+                own_norm = _grad_norm(slot.params)
                 own_skip = not math.isfinite(own_norm)
             if own_skip:
-                self._skip_optimizer_step()
+                self._skip_optimizer_step(slot)
             else:
                 eng.step()
             loss_total += loss.item()
             for k, v in metrics.items():
                 sums[k] = max(sums.get(k, 0.0), v.item()) if k == "ratio_max" else sums.get(k, 0.0) + v.item()
-        self.step += 1
+        slot.step += 1
         skipped = own_skip or eng.skipped_steps > skipped_before
-        self.skipped_steps += skipped
+        slot.skipped_steps += skipped
         grad_norm = eng.get_global_grad_norm()
         grad_norm = grad_norm if grad_norm is not None else own_norm
         out = {"loss": loss_total, "grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
-               "lr": self.scheduler.get_last_lr()[0], "step": self.step,
-               "skipped": float(skipped), "skipped_steps": float(self.skipped_steps),
+               "lr": slot.scheduler.get_last_lr()[0], "step": slot.step,
+               "skipped": float(skipped), "skipped_steps": float(slot.skipped_steps),
                "tokens": sums.pop("tokens", 0.0), "padded_tokens": float(sum(m.input_ids.size for m in shard)),
                "seconds": time.perf_counter() - t0}
         out.update(sums)
         return out
 
-    def _skip_optimizer_step(self) -> None:
+    def _skip_optimizer_step(self, slot: _Slot) -> None:
         """Close the step through DeepSpeed (its micro-step and boundary counts move on) without
         an optimizer step: the weights, the optimizer state and the lr schedule stay untouched.
         The non-finite gradients are zeroed first (gradient clipping still runs on them)."""
-        opt = self.engine.optimizer
-        sched, lrs = self.scheduler.state_dict(), [g["lr"] for g in opt.param_groups]
-        for p in self.engine.module.parameters():
+        opt = slot.engine.optimizer
+        sched, lrs = slot.scheduler.state_dict(), [g["lr"] for g in opt.param_groups]
+        for p in slot.params:
             if p.grad is not None:
                 p.grad.zero_()
         opt.step = lambda *args, **kwargs: None  # this once; the class's step is back below
         try:
-            self.engine.step()
+            slot.engine.step()
         finally:
             del opt.step
-        self.scheduler.load_state_dict(sched)
+        slot.scheduler.load_state_dict(sched)
         for g, lr in zip(opt.param_groups, lrs):
             g["lr"] = lr
 
-    def logprobs(self, input_ids: list[int], start: int) -> list[float]:
-        """Learner log-probs of input_ids[start:] at the current weights (collective under ZeRO-3)."""
+    def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None) -> list[float]:
+        """Learner log-probs of input_ids[start:] at the current weights (of `adapter` on the base);
+        collective under ZeRO-3."""
         import torch
 
         from trainer.losses import token_logprobs
 
+        eng = self.activate(adapter).engine
         ids = torch.tensor([input_ids], device=self.device)
         with torch.no_grad():
-            logits = self.engine(input_ids=ids).logits
+            logits = eng(input_ids=ids).logits
         return token_logprobs(logits, ids, self.loss_cfg.temperature)[0, start:].float().tolist()
 
     # ------------------------------------------------------- weights & state
-    def export_weights(self, bucket_bytes: int = 64 << 20) -> list[bytes] | None:
-        """Full fp32 weights (with LoRA: the adapter's only, under PEFT's saved names) as
+    def export_weights(self, bucket_bytes: int = 64 << 20, adapter: str | None = None) -> list[bytes] | None:
+        """Full fp32 weights (of `adapter`: its tensors only, under PEFT's saved names) as
         safetensors buckets on rank 0 (None elsewhere); collective."""
         import deepspeed
         import torch
@@ -232,15 +300,14 @@ class Learner:
 
         from rollout.lora import saved_name
 
-        module = self.engine.module
+        slot = self.activate(adapter)
+        named = zip(slot.names, slot.params) if adapter is not None else self.module.named_parameters()
         buckets, current, size = [], {}, 0
-        for name, p in module.named_parameters():
-            if self.lora is not None and not p.requires_grad:
-                continue
+        for name, p in named:
             with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
                 if self.rank == 0:
                     t = p.detach().to("cpu", torch.float32).clone()
-                    current[saved_name(name) if self.lora is not None else name] = t
+                    current[saved_name(name, adapter) if adapter is not None else name] = t
                     size += t.numel() * 4
             if self.rank == 0 and size >= bucket_bytes:
                 buckets.append(save(current))
@@ -249,18 +316,39 @@ class Learner:
             buckets.append(save(current))
         return buckets if self.rank == 0 else None
 
-    def save(self, path: str) -> None:
-        """DeepSpeed state (model, optimizer, scheduler) + step; collective."""
-        # With LoRA the frozen base is left out: it is the model the run started from.
-        self.engine.save_checkpoint(path, tag="state", client_state={"step": self.step},
-                                    exclude_frozen_parameters=self.lora is not None)
+    def save(self, path: str, adapter: str | None = None) -> None:
+        """DeepSpeed state (model or `adapter`, optimizer, scheduler) + step; collective."""
+        slot = self.activate(adapter)
+        # An adapter is saved alone: the frozen base (the model the run started from) and the
+        # other adapters (requires_grad off while this one is active) are left out.
+        slot.engine.save_checkpoint(path, tag="state", client_state={"step": slot.step, "adapter": adapter},
+                                    exclude_frozen_parameters=adapter is not None)
 
-    def load(self, path: str) -> int:
+    def load(self, path: str, adapter: str | None = None) -> int:
         """Restore what `save` wrote; returns the step. Collective."""
-        _, client = self.engine.load_checkpoint(path, tag="state", load_optimizer_states=True,
-                                                load_lr_scheduler_states=True, load_module_strict=self.lora is None)
-        self.step = int(client["step"])
-        return self.step
+        slot = self.activate(adapter)
+        if adapter is not None:
+            self._check_adapter_state(path, slot)
+        _, client = slot.engine.load_checkpoint(path, tag="state", load_optimizer_states=True,
+                                                load_lr_scheduler_states=True, load_module_strict=adapter is None)
+        slot.step = int(client["step"])
+        return slot.step
+
+    def _check_adapter_state(self, path: str, slot: _Slot) -> None:
+        """An adapter's state loads without strictness (the base is not in it): make sure it holds
+        every tensor of this adapter, or the load would leave them as they are, silently."""
+        import glob
+
+        import torch
+
+        [states] = glob.glob(os.path.join(path, "state", "mp_rank_00_model_states.pt")) or [None]
+        if states is None:
+            raise FileNotFoundError(f"{path}: no DeepSpeed model state (state/mp_rank_00_model_states.pt)")
+        saved = set(torch.load(states, map_location="cpu", weights_only=False)["module"])
+        missing = [n for n in slot.names if n not in saved]
+        if missing:
+            raise ValueError(f"{path} does not hold this adapter's tensors ({len(missing)} of {len(slot.names)} "
+                             f"missing, e.g. {missing[0]}): a checkpoint of another policy or another LoRA layout")
 
     def rss(self) -> int:
         """This rank's resident memory, bytes."""
@@ -269,14 +357,15 @@ class Learner:
         return psutil.Process().memory_info().rss
 
     def base_digest(self) -> str:
-        """A hash of the weights that are not trained, under the base model's own names (with
-        LoRA: the frozen base, which must never change); gathered under ZeRO-3."""
+        """A hash of the weights that no slot trains, under the base model's own names (with
+        adapters: the frozen base, which must never change); gathered under ZeRO-3."""
         import hashlib
 
         import deepspeed
 
+        trained = {id(p) for slot in self.slots.values() for p in slot.params}
         frozen = {n.removeprefix("base_model.model.").replace(".base_layer.", "."): p
-                  for n, p in self.engine.module.named_parameters() if not p.requires_grad}
+                  for n, p in self.module.named_parameters() if id(p) not in trained}
         h = hashlib.sha256()
         for name, p in sorted(frozen.items()):
             with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
@@ -284,15 +373,16 @@ class Learner:
                 h.update(p.detach().cpu().float().numpy().tobytes())
         return h.hexdigest()
 
-    def param_digest(self) -> str:
-        """A hash of this rank's full parameters (gathered under ZeRO-3), to compare ranks."""
+    def param_digest(self, adapter: str | None = None) -> str:
+        """A hash of this rank's full parameters (of `adapter`: its own only; gathered under
+        ZeRO-3), to compare ranks."""
         import hashlib
 
         import deepspeed
 
+        params = self.slots[adapter].params if adapter is not None else list(self.module.parameters())
         h = hashlib.sha256()
-        for _, p in self.engine.module.named_parameters():
+        for p in params:
             with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
                 h.update(p.detach().cpu().float().numpy().tobytes())
         return h.hexdigest()
-

@@ -3,6 +3,10 @@
 Starts `world_size` Learner actors with resources from config, runs the
 rendezvous, and turns each collective call into one call on every rank,
 returning rank 0's answer. Shards a batch's micro-batches over the ranks.
+
+Several LoRA policies on one base model can share one group, which holds the
+base once: `adapters={policy: (lora, learner cfg)}`, and `group.view(policy)`
+is that policy's handle (the same calls, on its adapter only).
 """
 
 from __future__ import annotations
@@ -19,15 +23,22 @@ SUMMED = ("tokens", "padded_tokens", "loss", "clip_frac", "ratio", "mismatch_kl"
 
 
 class LearnerGroup:
-    """`world_size` Learner ranks of one policy; a context manager that kills them on exit."""
+    """`world_size` Learner ranks of one policy (or of several adapter policies on one base); a
+    context manager that kills them on exit."""
 
     def __init__(self, model_path: str, cfg: LearnerConfig, loss: LossConfig, dtype: str = "float32",
-                 seed: int = 0, pad_id: int = 0, setup_timeout_s: float = 900.0, name: str = "main", lora=None):
-        """`lora`: a rollout.config.LoraConfig: the ranks train that adapter on the frozen model."""
-        self.cfg, self.pad_id, self.name, self.lora = cfg, pad_id, name, lora  # name: the policy
+                 seed: int = 0, pad_id: int = 0, setup_timeout_s: float = 900.0, name: str = "main", lora=None,
+                 adapters: dict | None = None):
+        """`lora`: a rollout.config.LoraConfig: the ranks train that adapter (policy `name`) on the
+        frozen model. `adapters`: {policy: (LoraConfig, LearnerConfig)}: they train one adapter per
+        policy on one copy of the frozen model, each with its own optimizer settings; `name` is
+        the group's, for messages."""
+        if lora is not None:
+            adapters = {name: (lora, cfg)}
+        self.cfg, self.pad_id, self.name, self.adapters = cfg, pad_id, name, dict(adapters or {})
         cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus,
                          resources=dict(cfg.resources) or None)(Learner)
-        self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed, lora) for r in range(cfg.world_size)]
+        self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed, self.adapters) for r in range(cfg.world_size)]
         # every rank must enter DeepSpeed's rendezvous at the same time
         resources = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources}
         [(addr, port)] = await_started(self.ranks, [self.ranks[0].master_address.remote()], setup_timeout_s,
@@ -35,6 +46,25 @@ class LearnerGroup:
         infos = await_started(self.ranks, [r.setup.remote(addr, port) for r in self.ranks], setup_timeout_s,
                               f"{cfg.world_size} learner ranks (DeepSpeed setup)", resources)
         self.node_ids = [i["node_id"] for i in infos]  # where each rank runs
+
+    @property
+    def lora(self):
+        """The LoRA settings of the group's one adapter (None: full weights)."""
+        return self.adapters[self._adapter(None)][0] if self.adapters else None
+
+    def _adapter(self, adapter: str | None) -> str | None:
+        """The adapter a call is for: the one named, else the group's only one (None: full weights)."""
+        if adapter is not None or not self.adapters:
+            return adapter
+        if len(self.adapters) > 1:
+            raise ValueError(f"learner group {self.name!r} trains adapters {sorted(self.adapters)}: name one")
+        return next(iter(self.adapters))
+
+    def view(self, adapter: str) -> AdapterLearners:
+        """Adapter policy `adapter`'s handle on this group."""
+        if adapter not in self.adapters:
+            raise KeyError(f"learner group {self.name!r} trains {sorted(self.adapters)}, not {adapter!r}")
+        return AdapterLearners(self, adapter)
 
     def collect(self, what: str, refs: list) -> list:
         """Every rank's answer to one call. A rank that died, or did not answer within
@@ -61,10 +91,11 @@ class LearnerGroup:
         nodes = getattr(self, "node_ids", [])
         return ", ".join(f"rank {i}" + (f" on node {nodes[i][:12]}" if i < len(nodes) else "") for i in ranks)
 
-    def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
+    def train_step(self, batches: list[MicroBatch], adapter: str | None = None) -> dict[str, float]:
         """One optimizer step on all ranks; metrics summed over ranks (ratio_max: max)."""
+        adapter = self._adapter(adapter)
         shards = shard(batches, self.cfg.world_size, self.pad_id)
-        results = self.collect("train_step", [r.train_step.remote(s) for r, s in zip(self.ranks, shards)])
+        results = self.collect("train_step", [r.train_step.remote(s, adapter) for r, s in zip(self.ranks, shards)])
         out = dict(results[0])  # step, lr, grad_norm: the same on every rank
         for res in results[1:]:
             for k in SUMMED:
@@ -73,23 +104,32 @@ class LearnerGroup:
                 out[k] = max(out[k], res[k])
         return out
 
-    def export_weights(self, bucket_bytes: int = 64 << 20) -> ray.ObjectRef:
+    def export_weights(self, bucket_bytes: int = 64 << 20, adapter: str | None = None) -> ray.ObjectRef:
         """Rank 0's safetensors buckets, as an ObjectRef (engines fetch it from the object store)."""
-        refs = [r.export_weights.remote(bucket_bytes) for r in self.ranks]
+        adapter = self._adapter(adapter)
+        refs = [r.export_weights.remote(bucket_bytes, adapter) for r in self.ranks]
         self.collect("export_weights", refs[1:])  # the other ranks only take part in ZeRO-3 gathers
         return refs[0]
 
-    def logprobs(self, input_ids: list[int], start: int) -> list[float]:
-        return self.collect("logprobs", [r.logprobs.remote(input_ids, start) for r in self.ranks])[0]
+    def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None) -> list[float]:
+        adapter = self._adapter(adapter)
+        return self.collect("logprobs", [r.logprobs.remote(input_ids, start, adapter) for r in self.ranks])[0]
 
-    def save(self, path: str) -> None:
-        self.collect("save", [r.save.remote(path) for r in self.ranks])
+    def save(self, path: str, adapter: str | None = None) -> None:
+        adapter = self._adapter(adapter)
+        self.collect("save", [r.save.remote(path, adapter) for r in self.ranks])
 
-    def load(self, path: str) -> int:
-        return self.collect("load", [r.load.remote(path) for r in self.ranks])[0]
+    def load(self, path: str, adapter: str | None = None) -> int:
+        adapter = self._adapter(adapter)
+        return self.collect("load", [r.load.remote(path, adapter) for r in self.ranks])[0]
 
-    def param_digests(self) -> list[str]:
-        return self.collect("param_digest", [r.param_digest.remote() for r in self.ranks])
+    def param_digests(self, adapter: str | None = None) -> list[str]:
+        """Each rank's hash of its trained parameters (of a LoRA group: the adapter's)."""
+        adapter = self._adapter(adapter)
+        return self.collect("param_digest", [r.param_digest.remote(adapter) for r in self.ranks])
+
+    def base_digests(self) -> list[str]:
+        return self.collect("base_digest", [r.base_digest.remote() for r in self.ranks])
 
     def __enter__(self) -> LearnerGroup:
         return self
@@ -100,3 +140,37 @@ class LearnerGroup:
     def shutdown(self) -> None:
         for r in self.ranks:
             ray.kill(r)
+
+
+class AdapterLearners:
+    """One adapter policy's handle on a LearnerGroup that several adapters share: the group's
+    calls, on this adapter only. The group (not this view) owns the ranks."""
+
+    def __init__(self, group: LearnerGroup, adapter: str):
+        self.group, self.name = group, adapter
+        self.cfg, self.node_ids, self.ranks = group.cfg, group.node_ids, group.ranks
+        self.lora = group.adapters[adapter][0]
+
+    def collect(self, what: str, refs: list) -> list:
+        return self.group.collect(f"{what} (adapter {self.name!r})", refs)
+
+    def train_step(self, batches: list[MicroBatch]) -> dict[str, float]:
+        return self.group.train_step(batches, self.name)
+
+    def export_weights(self, bucket_bytes: int = 64 << 20) -> ray.ObjectRef:
+        return self.group.export_weights(bucket_bytes, self.name)
+
+    def logprobs(self, input_ids: list[int], start: int) -> list[float]:
+        return self.group.logprobs(input_ids, start, self.name)
+
+    def save(self, path: str) -> None:
+        self.group.save(path, self.name)
+
+    def load(self, path: str) -> int:
+        return self.group.load(path, self.name)
+
+    def param_digests(self) -> list[str]:
+        return self.group.param_digests(self.name)
+
+    def base_digests(self) -> list[str]:
+        return self.group.base_digests()

@@ -40,7 +40,7 @@ from rollout.trace import Trace, write_jsonl
 from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer import checkpoint
 from trainer.metrics import RunLogger, paired_comparison, step_totals
-from trainer.policy import TrainedPolicy
+from trainer.policy import TrainedPolicy, trained_policies
 
 
 def train(cfg: TrainJobConfig) -> dict:
@@ -54,7 +54,7 @@ def train(cfg: TrainJobConfig) -> dict:
     with ExitStack() as actors:
         # ---- actors: the rollout fleet, each trained policy's learners -------------------
         fleet = actors.enter_context(RolloutFleet(cfg))
-        policies = {p: actors.enter_context(TrainedPolicy(cfg, p, fleet)) for p in cfg.trainable_policies()}
+        policies = trained_policies(cfg, fleet, actors)
 
         # ---- resume, the logger, and the held-out eval before training ---------------------
         start, held = restore(policies, resume_from) if resume_from else (0, [])

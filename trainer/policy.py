@@ -16,6 +16,7 @@ view (Trace.only_policy), which leaves every advantage as it was.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -26,21 +27,41 @@ from rollout.trace import Trace
 from trainer import checkpoint
 from trainer.advantages import compute_advantages
 from trainer.config import TrainJobConfig
-from trainer.learner_group import LearnerGroup
+from trainer.learner_group import AdapterLearners, LearnerGroup
 from trainer.metrics import advantage_metrics, train_metrics
 from trainer.packing import build_rows, pack, packing_stats, token_weights
 from trainer.weight_sync import ObjectStoreSync
 
 
+def trained_policies(cfg: TrainJobConfig, fleet: RolloutFleet, stack: ExitStack) -> dict[str, TrainedPolicy]:
+    """Every trainable policy's bundle, in `stack`. LoRA policies on one base share one learner
+    group (cfg.learner_groups()), which `stack` shuts down after them."""
+    shared: dict[str, AdapterLearners] = {}
+    for group, members in cfg.learner_groups().items():
+        if len(members) > 1:
+            first = members[0]
+            path = fleet.model_paths[first]
+            learners = stack.enter_context(LearnerGroup(
+                path, cfg.group_learner(members), cfg.algorithm.loss, cfg.policy_model(first).dtype, cfg.seed,
+                ChatFormat.from_pretrained(path).pad_id, name=group,
+                adapters={p: (cfg.policy_lora(p), cfg.policy_learner(p)) for p in members}))
+            shared.update({p: learners.view(p) for p in members})
+    return {p: stack.enter_context(TrainedPolicy(cfg, p, fleet, shared.get(p))) for p in cfg.trainable_policies()}
+
+
 class TrainedPolicy:
-    def __init__(self, cfg: TrainJobConfig, name: str, fleet: RolloutFleet):
+    def __init__(self, cfg: TrainJobConfig, name: str, fleet: RolloutFleet,
+                 learners: AdapterLearners | None = None):
+        """`learners`: this policy's view of a learner group it shares with other adapter policies
+        (not shut down with this bundle); None: the bundle starts its own."""
         self.cfg, self.name = cfg, name
         self.learner_cfg = cfg.policy_learner(name)
         self.model_path = fleet.model_paths[name]
         self.format = ChatFormat.from_pretrained(self.model_path)
-        self.learners = LearnerGroup(self.model_path, self.learner_cfg, cfg.algorithm.loss,
-                                     cfg.policy_model(name).dtype, cfg.seed, self.format.pad_id, name=name,
-                                     lora=cfg.policy_lora(name))
+        self.owns_learners = learners is None
+        self.learners = learners if learners is not None else LearnerGroup(
+            self.model_path, self.learner_cfg, cfg.algorithm.loss, cfg.policy_model(name).dtype, cfg.seed,
+            self.format.pad_id, name=name, lora=cfg.policy_lora(name))
         self.sync = ObjectStoreSync(self.learners, fleet.engines[name],
                                     timeout_s=cfg.policy_engine(name).sync_timeout_s, store=fleet.stores[name])
         self.version = 0  # optimizer steps taken = the engines' weight version
@@ -52,7 +73,8 @@ class TrainedPolicy:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.learners.shutdown()
+        if self.owns_learners:
+            self.learners.shutdown()
 
     def staleness(self, trace: Trace) -> int:
         """How many versions behind this policy's oldest trainable sequence in the trace is (0 if none)."""

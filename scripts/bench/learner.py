@@ -10,7 +10,8 @@
     -> engine, in place) vs a plain in-memory copy of the same bytes.
 (d) LoRA (rank 16 on the attention and MLP projections) vs full weights: bytes and
     seconds per weight sync of one trained policy, and the learner RSS of two adapter
-    policies vs two full policies after one optimizer step each.
+    policies (one learner group holding the base once) vs two full policies after one
+    optimizer step each.
 The last output line is one JSON object.
 """
 
@@ -20,6 +21,7 @@ import argparse
 import json
 import random
 import time
+from contextlib import ExitStack
 
 import numpy as np
 import ray
@@ -36,7 +38,7 @@ from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import build_rows, pack, packing_stats, token_weights
-from trainer.policy import TrainedPolicy
+from trainer.policy import TrainedPolicy, trained_policies
 
 
 def conversation_trace(fmt: ChatFormat, vocab: int, turns: int, gen: int, obs: int, rng: random.Random,
@@ -156,13 +158,16 @@ def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int = 3) ->
     out = {}
     for kind, extra in (("full", []), ("lora", LORA)):
         cfg = compose("train", base + extra)
-        with RolloutFleet(cfg) as fleet, TrainedPolicy(cfg, "a", fleet) as a, TrainedPolicy(cfg, "b", fleet) as b:
-            for policy in (a, b):
+        with RolloutFleet(cfg) as fleet, ExitStack() as stack:
+            policies = trained_policies(cfg, fleet, stack)  # two LoRA policies share one base
+            a = policies["a"]
+            for policy in policies.values():
                 policy.learners.train_step(mbs)  # optimizer state exists from here on
-            rss = sum(ray.get([r.rss.remote() for p in (a, b) for r in p.learners.ranks], timeout=60))
+            ranks = {r._actor_id: r for p in policies.values() for r in p.learners.ranks}
+            rss = sum(ray.get([r.rss.remote() for r in ranks.values()], timeout=60))
             syncs = [a.sync.push(v) for v in range(1, rounds + 1)]
             best = min(syncs, key=lambda r: r["seconds"])
-            out[kind] = {"engines": len(fleet.pools), "sync_bytes": int(best["bytes"]),
+            out[kind] = {"engines": len(fleet.pools), "learner_ranks": len(ranks), "sync_bytes": int(best["bytes"]),
                          "sync_s": round(best["seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
                          "learners_rss_gb": round(rss / 2**30, 2)}
         print(model_name, "d", kind, out[kind], flush=True)

@@ -198,3 +198,78 @@ def test_cpu_lora_ops_group_by_adapter_and_leave_tokens_without_one_alone():
     ours = torch.zeros(n, rank)
     lora_cpu.sgmv_shrink(x, a, ours, None, seq_len, seq_idx, 3, 4, n, 0.5)
     assert torch.allclose(ours, reference(torch.repeat_interleave(seq_idx, seq_len)), atol=1e-5)
+
+
+def learner_adapter(hf_tiny, tiny_path):
+    """HF + PEFT: adapter "a" on the tiny base, initialised as a learner does (seed 0)."""
+    from peft import get_peft_model
+
+    from rollout.lora import peft_config
+
+    torch.manual_seed(0)
+    return get_peft_model(copy.deepcopy(hf_tiny), peft_config(LORA, tiny_path), adapter_name="a")
+
+
+def adapter_state(model) -> dict[str, torch.Tensor]:
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name="a").items()}
+
+
+def sgd_reference(hf_tiny, tiny_path, batches, lr: float) -> dict[str, torch.Tensor]:
+    """One process: adapter "a", one SGD step of `lr` on the sum of every micro-batch's loss;
+    the adapter's tensors under PEFT's saved names."""
+    from trainer.losses import microbatch_loss
+
+    model = learner_adapter(hf_tiny, tiny_path)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for mb in batches:
+        microbatch_loss(model, mb, LossConfig())[0].backward()
+    opt.step()
+    return adapter_state(model)
+
+
+def exported(learners) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    [buckets] = learners.collect("export_weights", [learners.export_weights()])
+    return {k: v for b in buckets for k, v in load(b).items()}
+
+
+@pytest.mark.slow
+def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(ray_cluster, tiny_path, hf_tiny,
+                                                                     fixed_batch, tmp_path):
+    """Two adapter policies on one learner group (2 ranks, ZeRO-2: the base held once), each with
+    its own optimizer: a's SGD step, taken between two of b's with another lr, is exactly one
+    process's step of a alone on the same batch (no averaging over ranks or micro-batches, no
+    leak from b); the base never changes. A single adapter under ZeRO-3 (ranks holding shards of
+    the base) takes the same step. An adapter's state does not load into the other adapter."""
+    sgd = dict(world_size=2, num_cpus=0.5, optimizer="sgd", grad_clip=0.0)
+    want = sgd_reference(hf_tiny, tiny_path, fixed_batch, lr=0.5)
+    with LearnerGroup(tiny_path, LearnerConfig(zero_stage=2, **sgd), LossConfig(), name="a+b",
+                      adapters={"a": (LORA, LearnerConfig(lr=0.5, **sgd)),
+                                "b": (LORA, LearnerConfig(lr=0.1, **sgd))}) as shared:
+        a, b = shared.view("a"), shared.view("b")
+        assert a.param_digests() == b.param_digests(), "both adapters start as the base"
+        b.train_step(fixed_batch)
+        a.train_step(fixed_batch)
+        b.train_step(fixed_batch)
+        got = exported(a)
+        assert len(set(a.param_digests())) == 1, "the ranks agree"
+        assert a.param_digests() != b.param_digests()
+        assert shared.base_digests() == [base_digest(hf_tiny)] * 2, "the base never changes"
+        a.save(str(tmp_path / "a"))
+        with pytest.raises(ValueError, match=r"does not hold this adapter's tensors .* e\.g\. .*lora_A\.b\.weight"):
+            b.load(str(tmp_path / "a"))
+    with LearnerGroup(tiny_path, LearnerConfig(zero_stage=3, lr=0.5, **sgd), LossConfig(), name="a",
+                      lora=LORA) as zero3:
+        zero3.train_step(fixed_batch)
+        got3 = exported(zero3)
+        assert zero3.base_digests() == [base_digest(hf_tiny)] * 2
+    assert sorted(got) == sorted(want) == sorted(got3)
+    moved = max((want[k] - v).abs().max().item() for k, v in adapter_state(learner_adapter(hf_tiny, tiny_path)).items())
+    assert moved > 1e-3, "the step must move the adapter"
+    for name, ref in want.items():
+        assert (got[name] - ref).abs().max() < 1e-6 * max(1.0, moved) * 100, name
+        assert (got3[name] - ref).abs().max() < 1e-6 * max(1.0, moved) * 100, name
+

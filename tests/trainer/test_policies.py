@@ -23,7 +23,7 @@ from tests.conftest import read_metrics
 from trainer import checkpoint
 from trainer.config import compose, validate
 from trainer.loop import train
-from trainer.policy import TrainedPolicy
+from trainer.policy import TrainedPolicy, trained_policies
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_POLICIES = ["experiment=smoke", "harness=solver_verifier", "agents.solver=main", "agents.verifier=critic",
@@ -67,7 +67,11 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
         frozen_engine = fleet.engines["frozen"][0]
         frozen_before = scores(frozen_engine, probe["solver_p"], "frozen")
 
-        with TrainedPolicy(cfg, "solver_p", fleet) as a, TrainedPolicy(cfg, "verifier_p", fleet) as b:
+        with contextlib.ExitStack() as stack:
+            policies = trained_policies(cfg, fleet, stack)
+            a, b = policies["solver_p"], policies["verifier_p"]
+            # two adapters on one base: one learner group holds the base once and trains both
+            assert (a.learners.ranks == b.learners.ranks) == lora
             start = a.learners.param_digests()
             assert b.learners.param_digests() == start, "both start from the same weights"
             base = ray.get(a.learners.ranks[0].base_digest.remote(), timeout=60)

@@ -8,8 +8,9 @@ fault hits half a second into step 2's rollout, through the same injection helpe
 (tests/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
 half a second apart, of the rollout worker; SIGSTOP of an engine (alive, never answers: the
 watchdog must find it). For each: did the run finish, how many traces it trained of those it
-should have, how many failed, the restarts, the episodes run again, and the extra wall time over
-the fault-free run of the same bench (measured side by side; this box is shared and noisy).
+should have, how many failed, the restarts, the requests sent again and the episodes run
+again, and the extra wall time over the fault-free run of the same bench (measured side by
+side; this box is shared and noisy).
 The last output line is one JSON object.
 """
 
@@ -66,7 +67,7 @@ def run(fault: str, steps: int) -> dict:
     return {"fault": fault, "injected": len(injector.injected) == len(plan), "injector_errors": injector.errors, "survived": error is None,
             "error": error, "steps_done": len(rows), "traces_expected": expected, "traces_trained_ok": ok,
             "traces_lost": expected - ok, "failed": sum(r["rollout/failed"] for r in rows),
-            "retried": sum(r["rollout/retried"] for r in rows),
+            "retried": sum(r["rollout/retried"] for r in rows), "resent": sum(r.get("rollout/resent", 0) for r in rows),
             "engine_restarts": summary.get("engine_restarts"), "engines_hung": summary.get("engines_hung"),
             "worker_restarts": summary.get("worker_restarts"), "wall_s": round(wall_s, 1)}
 

@@ -2,7 +2,8 @@
 
     python scripts/bench/learner.py [--models tiny,smollm2_135m] [--sections a,b,c]
 
-(a) trained tokens/s: LearnerGroup (2 DeepSpeed ranks on Ray, ZeRO-2) vs a plain
+(a) trained tokens/s: LearnerGroup (2 DeepSpeed ranks on Ray, ZeRO-2; and 1 rank with
+    both cores, ZeRO-0, as `make train` runs it: a_throughput_ws1) vs a plain
     single-process torch forward + backward + AdamW loop on the same micro-batches.
 (b) multi-turn traces with 2, 4, 8 turns: tokens processed and fwd+bwd time with
     prefix merging vs without, against the unique-token count (the floor).
@@ -88,16 +89,23 @@ def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
         plain.append(time.perf_counter() - t0)
     del model, opt
 
-    group = LearnerGroup(path, LearnerConfig(world_size=2, num_cpus=1, zero_stage=2, lr=1e-6), LossConfig())
-    ds = []
-    for _ in range(steps + 1):
-        t0 = time.perf_counter()
-        group.train_step(mbs)
-        ds.append(time.perf_counter() - t0)
-    group.shutdown()
-    p, d = min(plain[1:]), min(ds[1:])  # first step is warm-up
-    return {"trained_tokens": trained, "plain_tok_s": round(trained / p, 1),
-            "learner_tok_s": round(trained / d, 1), "ratio": round(p / d, 3)}
+    p = min(plain[1:])  # first step is warm-up
+    out = {}
+    for key, cfg in (("a_throughput", LearnerConfig(world_size=2, num_cpus=1, zero_stage=2, lr=1e-6)),
+                     # what `make train` runs: one rank with both cores
+                     ("a_throughput_ws1", LearnerConfig(world_size=1, num_cpus=1, torch_threads=2, zero_stage=0,
+                                                        lr=1e-6))):
+        with LearnerGroup(path, cfg, LossConfig()) as group:
+            ds = []
+            for _ in range(steps + 1):
+                t0 = time.perf_counter()
+                group.train_step(mbs)
+                ds.append(time.perf_counter() - t0)
+        d = min(ds[1:])
+        out[key] = {"world_size": cfg.world_size, "zero_stage": cfg.zero_stage, "trained_tokens": trained,
+                    "plain_tok_s": round(trained / p, 1), "learner_tok_s": round(trained / d, 1),
+                    "ratio": round(p / d, 3)}
+    return out
 
 
 def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
@@ -195,8 +203,8 @@ def main() -> None:
         vocab = fmt.vocab_size
         res = {}
         if "a" in args.sections:
-            res["a_throughput"] = section_a(path, fmt, vocab, args.rows, args.steps, args.budget)
-            print(name, "a", res["a_throughput"], flush=True)
+            res.update(section_a(path, fmt, vocab, args.rows, args.steps, args.budget))
+            print(name, "a", res["a_throughput"], res["a_throughput_ws1"], flush=True)
         if "b" in args.sections:
             res["b_merging"] = section_b(path, fmt, vocab, args.budget)
             print(name, "b", res["b_merging"], flush=True)

@@ -243,7 +243,7 @@ def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(ray_cluste
     its own optimizer: a's SGD step, taken between two of b's with another lr, is exactly one
     process's step of a alone on the same batch (no averaging over ranks or micro-batches, no
     leak from b); the base never changes. A single adapter under ZeRO-3 (ranks holding shards of
-    the base) takes the same step. An adapter's state does not load into the other adapter."""
+    the base) takes the same step. An adapter's saved state loads back into it, not into the other."""
     sgd = dict(world_size=2, num_cpus=0.5, optimizer="sgd", grad_clip=0.0)
     want = sgd_reference(hf_tiny, tiny_path, fixed_batch, lr=0.5)
     with LearnerGroup(tiny_path, LearnerConfig(zero_stage=2, **sgd), LossConfig(), name="a+b",
@@ -258,7 +258,11 @@ def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(ray_cluste
         assert len(set(a.param_digests())) == 1, "the ranks agree"
         assert a.param_digests() != b.param_digests()
         assert shared.base_digests() == [base_digest(hf_tiny)] * 2, "the base never changes"
+        saved, b_digests = a.param_digests(), b.param_digests()
         a.save(str(tmp_path / "a"))
+        a.train_step(fixed_batch)
+        assert a.load(str(tmp_path / "a")) == 1 and a.param_digests() == saved, "a's state is back"
+        assert b.param_digests() == b_digests, "b untouched"
         with pytest.raises(ValueError, match=r"does not hold this adapter's tensors .* e\.g\. .*lora_A\.b\.weight"):
             b.load(str(tmp_path / "a"))
     with LearnerGroup(tiny_path, LearnerConfig(zero_stage=3, lr=0.5, **sgd), LossConfig(), name="a",

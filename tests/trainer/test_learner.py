@@ -105,14 +105,17 @@ def test_save_load_step_matches_uninterrupted(ray_cluster, tiny_path, fixed_batc
 
 
 @pytest.mark.slow
-def test_one_step_equals_single_process_sgd(ray_cluster, tiny_path, fixed_batch):
-    """2 ranks x ZeRO-2, SGD: the update is lr x (sum of all micro-batch gradients), exactly
-    what one process computes on the whole batch: no averaging over ranks or micro-batches."""
+@pytest.mark.parametrize("world_size, zero_stage", [(2, 2), (1, 0)])
+def test_one_step_equals_single_process_sgd(ray_cluster, tiny_path, fixed_batch, world_size, zero_stage):
+    """2 ranks x ZeRO-2, and 1 rank x ZeRO-0 (`make train`'s, which skips DeepSpeed's all-reduce),
+    SGD: the update is lr x (sum of all micro-batch gradients), exactly what one process computes
+    on the whole batch: no averaging over ranks or micro-batches."""
     from safetensors.torch import load
     from transformers import AutoModelForCausalLM
 
     batches = fixed_batch
-    cfg = LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, optimizer="sgd", lr=0.5, grad_clip=0.0)
+    cfg = LearnerConfig(world_size=world_size, num_cpus=0.5, zero_stage=zero_stage, optimizer="sgd", lr=0.5,
+                        grad_clip=0.0)
     g = LearnerGroup(tiny_path, cfg, LossConfig())
     try:
         g.train_step(batches)

@@ -32,10 +32,21 @@ def adapter_config(lora: LoraConfig, base_model: str) -> dict:
     return {k: sorted(v) if isinstance(v, set) else v for k, v in d.items()}
 
 
-def saved_name(param_name: str, adapter: str) -> str:
-    """PEFT's saved name of adapter `adapter`'s parameter (learners name each adapter after its
-    policy; the saved name drops it): ...q_proj.lora_A.<adapter>.weight -> ...q_proj.lora_A.weight."""
-    return re.sub(rf"\.(lora_[AB])\.{re.escape(adapter)}\.", r".\1.", param_name)
+def peft_name(policy: str) -> str:
+    """The PEFT adapter name a learner gives policy `policy`'s adapter (prefixed: PEFT warns about
+    names that are part of "lora_", such as "a")."""
+    return f"policy_{policy}"
+
+
+def own_params(policy: str) -> re.Pattern:
+    """Matches the module names of policy `policy`'s adapter parameters (...lora_A.<its name>.weight)."""
+    return re.compile(rf"\.(lora_[AB])\.{re.escape(peft_name(policy))}\.")
+
+
+def saved_name(param_name: str, policy: str) -> str:
+    """PEFT's saved name of policy `policy`'s adapter parameter (the adapter's name dropped):
+    ...q_proj.lora_A.policy_<policy>.weight -> ...q_proj.lora_A.weight."""
+    return own_params(policy).sub(r".\1.", param_name)
 
 
 def write_adapter(folder: str | Path, lora: LoraConfig, base_model: str, blobs: list[bytes]) -> int:

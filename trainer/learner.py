@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from enum import StrEnum
 
+from rollout.lora import own_params, peft_config, peft_name, saved_name
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import MicroBatch
 
@@ -140,17 +140,15 @@ class Learner:
         if self.adapters:
             from peft import get_peft_model
 
-            from rollout.lora import peft_config
-
             if cfg.zero_stage == 3 and len(self.adapters) > 1:
                 raise ValueError("ZeRO-3 partitions the model itself: adapters on one base cannot share its "
                                  "ranks; give each adapter policy its own learner group")
             for i, (name, (lora, _)) in enumerate(self.adapters.items()):
                 torch.manual_seed(self.seed)  # every adapter's lora_A as if it were alone (lora_B starts at 0)
                 if i == 0:
-                    model = get_peft_model(model, peft_config(lora, self.model_path), adapter_name=name)
+                    model = get_peft_model(model, peft_config(lora, self.model_path), adapter_name=peft_name(name))
                 else:
-                    model.add_adapter(name, peft_config(lora, self.model_path))
+                    model.add_adapter(peft_name(name), peft_config(lora, self.model_path))
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             if self.adapters:  # the frozen embeddings' output must carry grad into the blocks
@@ -164,8 +162,7 @@ class Learner:
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self.slots[None] = self._slot(model, named, cfg)
         for name, (_, opt_cfg) in self.adapters.items():
-            own = re.compile(rf"\.lora_[AB]\.{re.escape(name)}\.")
-            named = [(n, p) for n, p in model.named_parameters() if own.search(n)]
+            named = [(n, p) for n, p in model.named_parameters() if own_params(name).search(n)]
             self.slots[name] = self._slot(model, named, opt_cfg, name)
         self.activate(next(iter(self.slots)))
         import ray
@@ -215,7 +212,7 @@ class Learner:
         if adapter not in self.slots:
             raise KeyError(f"this learner trains {sorted(map(str, self.slots))}, not {adapter!r}")
         if adapter is not None:
-            self.module.set_adapter(adapter)
+            self.module.set_adapter(peft_name(adapter))
             for name, slot in self.slots.items():
                 for p in slot.params:
                     p.requires_grad_(name == adapter)
@@ -301,8 +298,6 @@ class Learner:
         import deepspeed
         import torch
         from safetensors.torch import save
-
-        from rollout.lora import saved_name
 
         slot = self.activate(adapter)
         named = zip(slot.names, slot.params) if adapter is not None else self.module.named_parameters()

@@ -156,8 +156,11 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
     assert all(m["rollout/traces"] == 64 and m["rollout/failed"] == 0 for m in rows), rows
     assert rows[1]["rollout/resent"] > 0 and rows[4]["rollout/resent"] > 0, \
         "the requests the killed engines cut short were sent again"
+    # a restart is counted when the restarted engine takes its first request: in the step of its
+    # fault, or (seen once in CI for the frozen engine of step 5) in the next one
     restarts = [m["rollout/engine_restarts"] for m in rows]
-    assert restarts[0] == 0 and restarts[1] == 1 and restarts[3] == 2 and restarts[4] == 4, restarts
+    assert restarts[0] == 0 and restarts[1] == 1 and restarts[-1] == 4, restarts
+    assert restarts == sorted(restarts), restarts
     assert summary["worker_restarts"] == 1
     # the engine's behaviour log-probs are the learner's to float noise at every step (base weights
     # served after a restart would put the importance ratio far from 1 at these learning rates)

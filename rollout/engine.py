@@ -228,15 +228,39 @@ class Engine:
 
         if policy in self.adapters:
             return await self._load_adapter(policy, version, buckets)
+        return await self._swap_base(version, WeightSyncExtension.tracerl_load_weights.__name__, buckets)
+
+    async def _swap_base(self, version: int, method: str, *args) -> int:
+        """Run the worker's load `method` with generation paused; the prefix cache (computed
+        with the old weights) is reset and later outputs carry `version`."""
         await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
         try:
-            loaded = await self._llm.collective_rpc(
-                WeightSyncExtension.tracerl_load_weights.__name__, args=(buckets,))
+            loaded = await self._llm.collective_rpc(method, args=args)
             await self._llm.reset_prefix_cache()
             self.version = version
         finally:
             await self._llm.resume_generation()
         return loaded[0]
+
+    async def open_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                                timeout_s: float) -> None:
+        """Join the base policy's weight group as `rank` (trainer/weight_sync.py::CollectiveSync);
+        the learner's rank 0 and the policy's other engines join at the same time."""
+        from rollout.vllm_ext import WeightSyncExtension
+
+        await self._current()
+        await self._llm.collective_rpc(WeightSyncExtension.tracerl_open_weight_group.__name__,
+                                       args=(host, port, rank, world_size, backend, timeout_s))
+
+    async def receive_weights(self, version: int, layout: list) -> dict[str, float]:
+        """Take the base weights the learner's rank 0 broadcasts over the weight group, in
+        `layout` order, and load them in place as `version` (paused as in `update_weights`)."""
+        from rollout.vllm_ext import WeightSyncExtension
+
+        await self._current()
+        t0 = time.perf_counter()
+        loaded = await self._swap_base(version, WeightSyncExtension.tracerl_receive_weights.__name__, layout)
+        return {"seconds": time.perf_counter() - t0, "tensors": float(loaded)}
 
     async def _load_adapter(self, policy: str, version: int, buckets: list[bytes]) -> int:
         """Replace adapter `policy` (written to its PEFT folder, loaded in place under its fixed

@@ -42,21 +42,52 @@ class WeightSyncExtension:
         """Load full or partial weights from safetensors buckets; returns tensors loaded."""
         from safetensors.torch import load
 
-        n = 0
+        return self._tracerl_reload(item for blob in buckets for item in load(blob).items())
+
+    def tracerl_open_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
+                                  timeout_s: float) -> None:
+        """Join the policy's weight group (rollout/weight_transport.py) as `rank` + this worker's
+        tensor-parallel rank (each worker of an engine receives the full weights)."""
+        from rollout.weight_transport import open_group
+
+        self._tracerl_group = None  # a group opened before (the engine's last) is dropped
+        self._tracerl_group = open_group(host, port, rank + getattr(self, "rank", 0), world_size, backend,
+                                         timeout_s)
+
+    def tracerl_receive_weights(self, layout: list) -> int:
+        """Receive the weights in `layout` order from the learner's rank 0 (one bucket at a time,
+        so at most a bucket is held beside the model) and load them in place."""
+        import torch
+
+        from rollout.weight_transport import broadcast, dtype_of
+
+        device = getattr(self, "device", None) or torch.device("cpu")
 
         def tensors():
+            for bucket in layout:
+                received = [torch.empty(shape, dtype=dtype_of(dtype), device=device) for _, shape, dtype in bucket]
+                broadcast(self._tracerl_group, received)
+                yield from zip((name for name, _, _ in bucket), received)
+
+        return self._tracerl_reload(tensors())
+
+    def _tracerl_reload(self, weights) -> int:
+        """vLLM's in-place reload of `weights` ((HF name, tensor) pairs): only the layers they
+        touch are re-processed (on CPU: their GEMM weights repacked)."""
+        n = 0
+
+        def counted():
             nonlocal n
-            for blob in buckets:
-                for item in load(blob).items():
-                    n += 1
-                    yield item
+            for item in weights:
+                n += 1
+                yield item
 
         runner = self.model_runner
         model = runner.get_model()
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
         restore = _quiet_expected_reload_warnings(tied)
         try:
-            runner.reload_weights(weights_iterator=tensors())
+            runner.reload_weights(weights_iterator=counted())
         finally:
             restore()
         model = runner.get_model()

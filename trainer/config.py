@@ -20,6 +20,7 @@ from rollout.config import validate as validate_rollout
 from trainer.advantages import AdvantageConfig
 from trainer.learner import PER_ADAPTER, LearnerConfig
 from trainer.losses import LossConfig
+from trainer.weight_sync import SyncConfig, SyncMethod
 
 
 @dataclass
@@ -74,6 +75,7 @@ class TrainJobConfig(RolloutJobConfig):
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)  # learners -> engines weight transport
     run_dir: str = "runs/default"  # resolved config, metrics.jsonl, checkpoints, summary.json
 
     def cpus_asked(self) -> float:
@@ -100,6 +102,13 @@ class TrainJobConfig(RolloutJobConfig):
     def group_learner(self, policies: list[str]) -> LearnerConfig:
         """The learner settings of a group's ranks (its policies agree on them but the optimizer's)."""
         return self.policy_learner(policies[0])
+
+    def sync_method(self, policy: str) -> SyncMethod:
+        """How `policy`'s weights reach its engines: `sync.method`, with `auto` resolved (the
+        collective group carries full weights; adapters go through the object store)."""
+        if self.sync.method != SyncMethod.auto:
+            return self.sync.method
+        return SyncMethod.object_store if self.policy_lora(policy) is not None else SyncMethod.collective
 
     def policy_learner(self, policy: str) -> LearnerConfig:
         """`learner` with `policies.<policy>.learner` applied: that policy's learner ranks."""
@@ -143,7 +152,15 @@ def validate(cfg: TrainJobConfig) -> None:
                                  f"set policies.{policy}.trainable=true or drop {where}")
             continue
         lr = cfg.policy_learner(policy)
-        checks += [(lr.lr > 0, f"{where}.lr must be > 0"),
+        on_gpu = (lr.num_gpus > 0, cfg.policy_engine(policy).num_gpus > 0)
+        checks += [(cfg.sync.method != SyncMethod.collective or table[policy].lora is None,
+                     f"sync.method=collective carries full weights, and policies.{policy}.lora makes {policy!r} an "
+                     f"adapter; use sync.method=auto (adapters go through the object store)"),
+                   (cfg.sync_method(policy) != SyncMethod.collective or on_gpu[0] == on_gpu[1],
+                    f"sync.method={cfg.sync.method}: {where}.num_gpus and the engines' num_gpus of policy {policy!r} "
+                    f"must both be 0 (gloo) or both > 0 (NCCL); or set sync.method=object_store"),
+                   (cfg.sync.bucket_mb >= 1, "sync.bucket_mb must be >= 1"),
+                   (lr.lr > 0, f"{where}.lr must be > 0"),
                    (0 <= lr.zero_stage <= 3, f"{where}.zero_stage must be 0, 1, 2 or 3"),
                    (lr.world_size >= 1, f"{where}.world_size must be >= 1")]
     for ok, msg in checks:

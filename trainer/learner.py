@@ -103,6 +103,7 @@ class Learner:
         self.dtype, self.seed = dtype, seed
         self.slots: dict[str | None, _Slot] = {}  # adapter policy (None: the full model) -> its slot
         self.module = None
+        self.weight_group = None  # rank 0: the process group to the engines (CollectiveSync)
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 listens for the rendezvous (call on rank 0 before `setup`)."""
@@ -314,6 +315,46 @@ class Learner:
         if self.rank == 0 and current:
             buckets.append(save(current))
         return buckets if self.rank == 0 else None
+
+    def open_weight_group(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
+        """Rank 0: host the policy's weight group (rollout/weight_transport.py) with the engine
+        workers, which join it at the same time; a group opened before is closed first."""
+        from rollout.weight_transport import open_group
+
+        assert self.rank == 0, "only learner rank 0 sends weights to the engines"
+        self.weight_group = None
+        self.weight_group = open_group(host, port, 0, world_size, "nccl" if self.cfg.num_gpus > 0 else "gloo",
+                                       timeout_s)
+
+    def weight_layout(self, bucket_bytes: int = 64 << 20) -> list:
+        """The (name, shape, dtype) of every parameter `broadcast_weights` sends, in buckets of
+        about `bucket_bytes` (the full model; the engine maps HF names itself)."""
+        layout, bucket, size = [], [], 0
+        for name, p in self.module.named_parameters():
+            shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO-3 keeps the full shape aside
+            bucket.append((name, shape, str(p.dtype).removeprefix("torch.")))
+            size += p.element_size() * math.prod(shape)
+            if size >= bucket_bytes:
+                layout.append(bucket)
+                bucket, size = [], 0
+        return layout + ([bucket] if bucket else [])
+
+    def broadcast_weights(self, layout: list) -> float:
+        """Send the parameters in `layout` order over the weight group, straight from the
+        module (gathered bucket by bucket under ZeRO-3, where every rank takes part); returns
+        rank 0's seconds."""
+        import deepspeed
+
+        t0 = time.perf_counter()
+        params = dict(self.module.named_parameters())
+        for bucket in layout:
+            ps = [params[name] for name, _, _ in bucket]
+            with deepspeed.zero.GatheredParameters(ps, modifier_rank=None, enabled=self.cfg.zero_stage == 3):
+                if self.rank == 0:
+                    from rollout.weight_transport import broadcast
+
+                    broadcast(self.weight_group, [p.detach() for p in ps])
+        return time.perf_counter() - t0
 
     def save(self, path: str, adapter: str | None = None) -> None:
         """DeepSpeed state (model or `adapter`, optimizer, scheduler) + step; collective."""

@@ -111,6 +111,22 @@ class LearnerGroup:
         self.collect("export_weights", refs[1:])  # the other ranks only take part in ZeRO-3 gathers
         return refs[0]
 
+    def weight_address(self) -> tuple[str, int]:
+        """Where rank 0 will host the weight group (trainer/weight_sync.py::CollectiveSync)."""
+        return self.collect("weight_address", [self.ranks[0].master_address.remote()])[0]
+
+    def open_weight_group(self, host: str, port: int, world_size: int, timeout_s: float) -> ray.ObjectRef:
+        """Rank 0's side of opening the weight group; returns its ref (the engines join meanwhile)."""
+        return self.ranks[0].open_weight_group.remote(host, port, world_size, timeout_s)
+
+    def weight_layout(self, bucket_bytes: int = 64 << 20) -> list:
+        return self.collect("weight_layout", [self.ranks[0].weight_layout.remote(bucket_bytes)])[0]
+
+    def broadcast_weights(self, layout: list) -> list[ray.ObjectRef]:
+        """Every rank's broadcast call (rank 0 sends; the others take part in ZeRO-3's gathers),
+        not waited for: the engines receive at the same time."""
+        return [r.broadcast_weights.remote(layout) for r in self.ranks]
+
     def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None) -> list[float]:
         adapter = self._adapter(adapter)
         return self.collect("logprobs", [r.logprobs.remote(input_ids, start, adapter) for r in self.ranks])[0]

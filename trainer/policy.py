@@ -20,6 +20,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+import ray
 
 from rollout.client import ChatFormat
 from rollout.fleet import RolloutFleet
@@ -30,7 +31,7 @@ from trainer.config import TrainJobConfig
 from trainer.learner_group import AdapterLearners, LearnerGroup
 from trainer.metrics import advantage_metrics, train_metrics
 from trainer.packing import build_rows, pack, packing_stats, token_weights
-from trainer.weight_sync import ObjectStoreSync
+from trainer.weight_sync import CollectiveSync, ObjectStoreSync, SyncMethod
 
 
 def trained_policies(cfg: TrainJobConfig, fleet: RolloutFleet, stack: ExitStack) -> dict[str, TrainedPolicy]:
@@ -62,12 +63,29 @@ class TrainedPolicy:
         self.learners = learners if learners is not None else LearnerGroup(
             self.model_path, self.learner_cfg, cfg.algorithm.loss, cfg.policy_model(name).dtype, cfg.seed,
             self.format.pad_id, name=name, lora=cfg.policy_lora(name))
-        self.sync = ObjectStoreSync(self.learners, fleet.engines[name],
-                                    timeout_s=cfg.policy_engine(name).sync_timeout_s, store=fleet.stores[name])
+        self.sync = self._weight_sync(fleet)
         self.version = 0  # optimizer steps taken = the engines' weight version
         self.trained_tokens = 0.0  # generated tokens trained on, this process
         self.dropped_stale = 0  # traces this policy left out for staleness, this process
         self.skipped_in_a_row = 0  # optimizer steps skipped (non-finite) since the last applied one
+
+    def _weight_sync(self, fleet: RolloutFleet) -> CollectiveSync | ObjectStoreSync:
+        """The policy's weight transport (`sync.method`); `auto` falls back to the object store
+        when the collective group cannot form (say, no route between a learner and an engine node)."""
+        engine, method = self.cfg.policy_engine(self.name), self.cfg.sync_method(self.name)
+        args = dict(bucket_bytes=self.cfg.sync.bucket_mb << 20, timeout_s=engine.sync_timeout_s,
+                    store=fleet.stores[self.name])
+        if method == SyncMethod.collective:
+            try:
+                return CollectiveSync(self.learners, fleet.engines[self.name], "nccl" if engine.num_gpus > 0 else "gloo",
+                                      tensor_parallel_size=engine.tensor_parallel_size, **args)
+            except (ray.exceptions.RayError, RuntimeError, TimeoutError) as e:
+                if self.cfg.sync.method == SyncMethod.collective:
+                    raise RuntimeError(f"sync.method=collective: the weight group of policy {self.name!r} did not "
+                                       f"form ({e}); set sync.method=object_store") from e
+                print(f"[sync] policy {self.name!r}: the weight group did not form ({type(e).__name__}: "
+                      f"{str(e)[:200]}); sync.method=auto sends weights through the object store", flush=True)
+        return ObjectStoreSync(self.learners, fleet.engines[self.name], **args)
 
     def __enter__(self) -> TrainedPolicy:
         return self

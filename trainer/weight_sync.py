@@ -1,23 +1,43 @@
-"""Weights from the learners back into the running engines.
+"""Weights from the learners back into the running engines (`sync.method`).
 
-`ObjectStoreSync` works everywhere (CPU, GPU, several nodes): learner rank 0
-gathers the full weights (under ZeRO-3 every rank takes part), serialises them
-into safetensors buckets and puts them in Ray's object store; every engine of
-the policy fetches the same object and loads it in place, then tags its later
-outputs with the new version. The driver never touches the bytes.
+`CollectiveSync` (the default for full-weight policies): learner rank 0 and
+every engine worker of the policy form one process group (gloo on CPU, NCCL on
+GPU; rollout/weight_transport.py) and rank 0 broadcasts the parameters straight
+from its module into the engines, which load them in place with vLLM's
+layerwise reload. No serialisation, no object store on the way.
 
-A GPU transport (NCCL broadcast or CUDA IPC from rank 0 into the engines)
-would implement the same `push(version) -> stats` interface.
+`ObjectStoreSync` works everywhere and carries LoRA adapters: learner rank 0
+gathers the weights (under ZeRO-3 every rank takes part), serialises them into
+safetensors buckets and puts them in Ray's object store; every engine fetches
+the same object and loads it in place. It is also CollectiveSync's fallback for
+a push the group cannot carry (an engine died), and what the policy's
+WeightStore holds for an engine that restarts.
+
+Either way an engine tags its later outputs with the pushed version.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 import ray
 
 from trainer.learner_group import LearnerGroup
+
+
+class SyncMethod(StrEnum):
+    auto = "auto"  # collective for full weights, object_store for LoRA adapters or if the group cannot form
+    collective = "collective"  # a process group from learner rank 0 to the engines (error if it cannot form)
+    object_store = "object_store"  # safetensors buckets through Ray's object store
+
+
+@dataclass
+class SyncConfig:
+    method: SyncMethod = SyncMethod.auto  # how weights travel from the learners to the engines
+    bucket_mb: int = 64  # weights per broadcast bucket / per safetensors blob, MiB
 
 
 class WeightSync(Protocol):
@@ -66,3 +86,76 @@ class ObjectStoreSync:
                 "load_seconds": max(r["seconds"] for r in results) if results else 0.0,
                 "bytes": nbytes, "bytes_per_s": nbytes / seconds if seconds > 0 else 0.0,
                 "engines": float(len(self.engines))}
+
+
+class CollectiveSync:
+    """Broadcast from learner rank 0 straight into the engines' parameters over one process group
+    per policy. The group is opened at start and again whenever an engine restarted (a new
+    process is not in it); a push it cannot carry goes through the object store instead."""
+
+    def __init__(self, learners: LearnerGroup, engines: list, backend: str, bucket_bytes: int = 64 << 20,
+                 timeout_s: float = 600.0, store=None, tensor_parallel_size: int = 1):
+        """`backend`: gloo (CPU engines) or nccl (GPU engines); `store`: the policy's WeightStore,
+        given a snapshot of every pushed version in the object store (what a restarted engine loads)."""
+        self.learners, self.engines, self.backend = learners, list(engines), backend
+        self.store, self.timeout_s, self.tp = store, timeout_s, tensor_parallel_size
+        self.bucket_bytes = bucket_bytes
+        self.fallback = ObjectStoreSync(learners, engines, bucket_bytes, timeout_s, store)
+        self.layout = learners.weight_layout(bucket_bytes)
+        self.bytes = float(sum(_nbytes(shape, dtype) for bucket in self.layout for _, shape, dtype in bucket))
+        self.members: list[int] | None = None  # the engines' pids when the group was opened
+        self.snapshot: ray.ObjectRef | None = None  # the newest pushed version in the object store
+        self._open()
+
+    def _pids(self) -> list[int]:
+        return [i["pid"] for i in ray.get([e.info.remote() for e in self.engines], timeout=self.timeout_s)]
+
+    def _open(self) -> None:
+        """Open the group: learner rank 0 (hosting its store) and each engine worker join at once."""
+        host, port = self.learners.weight_address()
+        world = 1 + len(self.engines) * self.tp
+        joins = [self.learners.open_weight_group(host, port, world, self.timeout_s)]
+        joins += [e.open_weight_group.remote(host, port, 1 + i * self.tp, world, self.backend, self.timeout_s)
+                  for i, e in enumerate(self.engines)]
+        if len(ray.wait(joins, num_returns=len(joins), timeout=self.timeout_s)[0]) < len(joins):
+            raise TimeoutError(f"the weight group of policy {self.learners.name!r} ({world} members at "
+                               f"{host}:{port}) did not form within engine.sync_timeout_s={self.timeout_s}")
+        ray.get(joins)
+        self.members = self._pids()
+
+    def push(self, version: int) -> dict[str, float]:
+        """Send the learners' current weights to every engine as `version`; returns timings."""
+        t0 = time.perf_counter()
+        try:
+            if self.members is None or self._pids() != self.members:
+                self._open()  # an engine restarted since: its new process joins
+            t_open = time.perf_counter() - t0
+            sends = self.learners.broadcast_weights(self.layout)
+            loads = [e.receive_weights.remote(version, self.layout) for e in self.engines]
+            late = ray.wait(sends + loads, num_returns=len(sends) + len(loads), timeout=self.timeout_s)[1]
+            if late:
+                raise TimeoutError(f"weight broadcast of version {version} of policy {self.learners.name!r} "
+                                   f"not done within engine.sync_timeout_s={self.timeout_s}")
+            results, sent = ray.get(loads), ray.get(sends)
+        except (ray.exceptions.RayError, RuntimeError, TimeoutError) as e:
+            # An engine died or restarted mid-push: every engine takes this version through the
+            # object store (a restarted one from its WeightStore), and the group is opened anew next time.
+            self.members = None
+            print(f"[sync] the weight group of policy {self.learners.name!r} could not carry version {version} "
+                  f"({type(e).__name__}: {str(e)[:200]}); sending it through the object store", flush=True)
+            return {**self.fallback.push(version), "fallbacks": 1.0}
+        seconds = time.perf_counter() - t0
+        if self.store is not None:  # what an engine that restarts from now on loads (rank 0 exports it next)
+            self.snapshot = self.learners.export_weights(self.bucket_bytes)
+            ray.get(self.store.publish.remote(version, [self.snapshot]), timeout=60)
+        return {"seconds": seconds, "open_seconds": t_open, "send_seconds": max(sent),
+                "load_seconds": max(r["seconds"] for r in results), "bytes": self.bytes,
+                "bytes_per_s": self.bytes / seconds, "engines": float(len(self.engines)), "fallbacks": 0.0}
+
+
+def _nbytes(shape: list[int], dtype: str) -> int:
+    import math
+
+    import torch
+
+    return math.prod(shape) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()

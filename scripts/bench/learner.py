@@ -135,7 +135,7 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
 def section_c(model_name: str, rounds: int = 3) -> dict:
     """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners and sync."""
     cfg = compose("train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5"])
-    with RolloutFleet(cfg) as fleet, TrainedPolicy(cfg, cfg.trained_policy(), fleet) as policy:
+    with RolloutFleet(cfg) as fleet, TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet) as policy:
         results = [policy.sync.push(v) for v in range(1, rounds + 1)]
     nbytes = int(results[0]["bytes"])
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)

@@ -1,16 +1,19 @@
 """Invariant 4: after a weight sync the engine generates from the learner's new weights."""
 
+import pytest
 import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollout.config import SamplingConfig
+from rollout.cluster import spawn_engines
+from rollout.config import ModelConfig, SamplingConfig
+from rollout.models import resolve_model
 from tests.conftest import chat_prompt, hf_logprobs
 from trainer import checkpoint
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
-from trainer.weight_sync import ObjectStoreSync
+from trainer.weight_sync import CollectiveSync, ObjectStoreSync
 
 
 def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny, tiny_tokenizer, fixed_batch,
@@ -51,3 +54,44 @@ def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny
         ray.get(engine.update_weights.remote(
             ray.get(engine.info.remote())["version"] + 1,
             [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})]))
+
+
+@pytest.mark.parametrize("model,zero", [("tiny", 0), ("tiny_tied", 3)])
+def test_collective_sync_engine_matches_learner(model, zero, engine, engine_cfg, hf_tiny, tiny_tokenizer, fixed_batch):
+    """CollectiveSync (gloo group learner rank 0 -> engine worker, broadcast into the parameters):
+    after each push the engine scores as the learner (invariant 4), tied embeddings and ZeRO-3
+    included, and serves the pushed version; the group carries several pushes."""
+    prompt = chat_prompt(tiny_tokenizer)
+    path = resolve_model(model)
+    eng = engine if model == "tiny" else spawn_engines(
+        {"main": (path, ModelConfig(name=model), engine_cfg)})["main"][0]
+    learners = LearnerGroup(path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=zero, lr=3e-3), LossConfig())
+    try:
+        [c] = ray.get(eng.generate.remote(prompt, SamplingConfig(max_tokens=16)), timeout=120)
+        ids = prompt + c.completion_ids
+        sync = CollectiveSync(learners, [eng], "gloo", bucket_bytes=300_000)
+        assert len(sync.layout) > 1, "several buckets"
+        version = ray.get(eng.info.remote(), timeout=60)["version"]
+        for _ in range(2):
+            before = torch.tensor(ray.get(eng.score.remote(prompt, c.completion_ids), timeout=120))
+            learners.train_step(fixed_batch)
+            learner_lp = torch.tensor(learners.logprobs(ids, len(prompt)))
+            assert (learner_lp - before).abs().max() > 0.01, "training must change the log-probs"
+            version += 1
+            stats = sync.push(version)
+            assert stats["fallbacks"] == 0 and stats["bytes"] > 1e6
+            after = torch.tensor(ray.get(eng.score.remote(prompt, c.completion_ids), timeout=120))
+            assert (after - learner_lp).abs().max() < 1e-3
+            [c2] = ray.get(eng.generate.remote(prompt, SamplingConfig(max_tokens=4)), timeout=120)
+            assert c2.version == version
+    finally:
+        learners.shutdown()
+        if eng is engine:  # the shared engine goes back to the original weights for other tests
+            from safetensors.torch import save
+
+            ray.get(engine.update_weights.remote(
+                ray.get(engine.info.remote())["version"] + 1,
+                [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})]))
+        else:
+            ray.get(eng.shutdown.remote())
+            ray.kill(eng)

@@ -259,8 +259,9 @@ class Engine:
 
         await self._current()
         t0 = time.perf_counter()
-        loaded = await self._swap_base(version, WeightSyncExtension.tracerl_receive_weights.__name__, layout)
-        return {"seconds": time.perf_counter() - t0, "tensors": float(loaded)}
+        loaded, receive_s = await self._swap_base(version, WeightSyncExtension.tracerl_receive_weights.__name__,
+                                                  layout)
+        return {"seconds": time.perf_counter() - t0, "receive_seconds": receive_s, "tensors": float(loaded)}
 
     async def _load_adapter(self, policy: str, version: int, buckets: list[bytes]) -> int:
         """Replace adapter `policy` (written to its PEFT folder, loaded in place under its fixed

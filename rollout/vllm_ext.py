@@ -54,22 +54,36 @@ class WeightSyncExtension:
         self._tracerl_group = open_group(host, port, rank + getattr(self, "rank", 0), world_size, backend,
                                          timeout_s)
 
-    def tracerl_receive_weights(self, layout: list) -> int:
+    def tracerl_receive_weights(self, layout: list) -> tuple[int, float]:
         """Receive the weights in `layout` order from the learner's rank 0 (one bucket at a time,
-        so at most a bucket is held beside the model) and load them in place."""
+        so at most a bucket is held beside the model) and load them in place; returns the tensors
+        loaded and the seconds spent receiving (the rest is vLLM's load)."""
+        import time
+
         import torch
 
-        from rollout.weight_transport import broadcast, dtype_of
+        from rollout.weight_transport import broadcast, dtype_of, wait
 
         device = getattr(self, "device", None) or torch.device("cpu")
+        receive_s = 0.0
+
+        def start(bucket):
+            received = [torch.empty(shape, dtype=dtype_of(dtype), device=device) for _, shape, dtype in bucket]
+            return received, broadcast(self._tracerl_group, received)
 
         def tensors():
-            for bucket in layout:
-                received = [torch.empty(shape, dtype=dtype_of(dtype), device=device) for _, shape, dtype in bucket]
-                broadcast(self._tracerl_group, received)
+            # the next bucket arrives while vLLM loads and repacks this one
+            nonlocal receive_s
+            pending = start(layout[0]) if layout else None
+            for k, bucket in enumerate(layout):
+                t0 = time.perf_counter()
+                received, works = pending
+                wait(works)
+                pending = start(layout[k + 1]) if k + 1 < len(layout) else None
+                receive_s += time.perf_counter() - t0
                 yield from zip((name for name, _, _ in bucket), received)
 
-        return self._tracerl_reload(tensors())
+        return self._tracerl_reload(tensors()), receive_s
 
     def _tracerl_reload(self, weights) -> int:
         """vLLM's in-place reload of `weights` ((HF name, tensor) pairs): only the layers they

@@ -43,8 +43,9 @@ def open_group(host: str, port: int, rank: int, world_size: int, backend: str, t
     return WeightGroup(group, store)
 
 
-def broadcast(group: WeightGroup, tensors: list) -> None:
-    """Broadcast `tensors` from rank 0 into the same-shaped tensors of every other rank."""
+def broadcast(group: WeightGroup, tensors: list) -> list:
+    """Start broadcasting `tensors` from rank 0 into the same-shaped tensors of every other rank;
+    returns the works to `wait` on (gloo and NCCL move them on their own threads/streams)."""
     import torch.distributed as dist
 
     works = []
@@ -52,6 +53,10 @@ def broadcast(group: WeightGroup, tensors: list) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         works.append(group.group.broadcast([t], opts))
+    return works
+
+
+def wait(works: list) -> None:
     for w in works:
         w.wait()
 

@@ -206,9 +206,13 @@ def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
     (["agents.verifier=judge", "+policies.judge.trainable=false", "+policies.judge.learner.lr=1e-4"],
      r"policies.judge.learner is set but policy 'judge' is not trainable"),
     (["agents.verifier=frozen", "agents.solver=frozen"], r"agents: no role is mapped to a trainable policy"),
+    (["sync.method=collective", "+policies.main.lora.rank=8"],
+     r"sync.method=collective carries full weights, and policies.main.lora makes 'main' an adapter; use sync.method=auto"),
+    (["engine.num_gpus=1"], r"sync.method=auto: learner.num_gpus and the engines' num_gpus of policy 'main' must both"),
+    (["sync.method=rdma"], r"sync.method"),
 ])
 def test_policy_config_errors_name_the_key_and_the_fix(overrides, msg):
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises((ValueError, ConfigCompositionException), match=msg):
         validate_train(compose("train", ["harness=solver_verifier", *overrides]))
 
 
@@ -263,3 +267,13 @@ def test_lora_policies_and_the_frozen_base_share_one_engine_pool_and_one_learner
 def test_lora_config_errors_name_the_key_and_the_fix(overrides, msg):
     with pytest.raises(ValueError, match=msg):
         validate_train(compose("train", ["harness=solver_verifier", "agents.verifier=critic", *overrides]))
+
+
+def test_sync_method_auto_is_collective_for_full_weights_and_object_store_for_adapters():
+    cfg = compose("train", ["harness=solver_verifier", "agents.verifier=critic", "+policies.critic.trainable=true",
+                            "+policies.critic.lora.rank=8"])
+    validate_train(cfg)
+    assert (cfg.sync_method("main"), cfg.sync_method("critic")) == ("collective", "object_store")
+    cfg = compose("train", ["sync.method=object_store", "engine.num_gpus=1"])
+    validate_train(cfg)  # no group: GPU engines with CPU learners are fine through the object store
+    assert cfg.sync_method("main") == "object_store"

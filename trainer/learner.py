@@ -351,9 +351,9 @@ class Learner:
             ps = [params[name] for name, _, _ in bucket]
             with deepspeed.zero.GatheredParameters(ps, modifier_rank=None, enabled=self.cfg.zero_stage == 3):
                 if self.rank == 0:
-                    from rollout.weight_transport import broadcast
+                    from rollout.weight_transport import broadcast, wait
 
-                    broadcast(self.weight_group, [p.detach() for p in ps])
+                    wait(broadcast(self.weight_group, [p.detach() for p in ps]))
         return time.perf_counter() - t0
 
     def save(self, path: str, adapter: str | None = None) -> None:

@@ -127,10 +127,10 @@ class TrainedPolicy:
             self.version += 1
             synced = self.sync.push(self.version)
         else:  # the weights did not change: the engines keep serving this version
-            synced = {"seconds": 0.0, "bytes_per_s": 0.0, "bytes": 0.0}
+            synced = {"seconds": 0.0, "bytes_per_s": 0.0, "bytes": 0.0, "fallbacks": 0.0}
         m.update({f"perf/{p}/train_s": train_s, f"perf/{p}/sync_s": synced["seconds"],
                   f"sync/{p}/seconds": synced["seconds"], f"sync/{p}/bytes_per_s": synced["bytes_per_s"],
-                  f"sync/{p}/bytes": synced["bytes"],
+                  f"sync/{p}/bytes": synced["bytes"], f"sync/{p}/fallbacks": synced.get("fallbacks", 0.0),
                   f"async/{p}/staleness_mean": float(np.mean(lags or [0])),
                   f"async/{p}/staleness_max": float(max(lags or [0])), f"async/{p}/version": float(self.version),
                   f"async/{p}/dropped_stale": float(self.dropped_stale)})
@@ -163,4 +163,4 @@ class TrainedPolicy:
 
     def summary(self) -> dict:
         return {"trained_tokens": self.trained_tokens, "version": self.version, "dropped_stale": self.dropped_stale,
-                "learner_nodes": self.learners.node_ids}
+                "learner_nodes": self.learners.node_ids, "sync": type(self.sync).__name__}

@@ -149,7 +149,8 @@ class CollectiveSync:
             self.snapshot = self.learners.export_weights(self.bucket_bytes)
             ray.get(self.store.publish.remote(version, [self.snapshot]), timeout=60)
         return {"seconds": seconds, "open_seconds": t_open, "send_seconds": max(sent),
-                "load_seconds": max(r["seconds"] for r in results), "bytes": self.bytes,
+                "load_seconds": max(r["seconds"] for r in results),
+                "receive_seconds": max(r["receive_seconds"] for r in results), "bytes": self.bytes,
                 "bytes_per_s": self.bytes / seconds, "engines": float(len(self.engines)), "fallbacks": 0.0}
 
 

@@ -7,8 +7,9 @@
     single-process torch forward + backward + AdamW loop on the same micro-batches.
 (b) multi-turn traces with 2, 4, 8 turns: tokens processed and fwd+bwd time with
     prefix merging vs without, against the unique-token count (the floor).
-(c) weight sync: seconds and bytes/s of ObjectStoreSync (learners -> object store
-    -> engine, in place) vs a plain in-memory copy of the same bytes.
+(c) weight sync: seconds of CollectiveSync (a gloo group, learner rank 0 broadcasting
+    into the engine) and of ObjectStoreSync (learners -> object store -> engine) vs a
+    plain in-memory copy of the same bytes.
 (d) LoRA (rank 16 on the attention and MLP projections) vs full weights: bytes and
     seconds per weight sync of one trained policy, and the learner RSS of two adapter
     policies (one learner group holding the base once) vs two full policies after one
@@ -133,10 +134,27 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
 
 
 def section_c(model_name: str, rounds: int = 3) -> dict:
-    """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners and sync."""
-    cfg = compose("train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5"])
-    with RolloutFleet(cfg) as fleet, TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet) as policy:
-        results = [policy.sync.push(v) for v in range(1, rounds + 1)]
+    """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners, and each
+    sync method side by side (the collective one after its previous snapshot export finished, as in
+    the loop, where the export overlaps the next rollout)."""
+    out = {}
+    for method in ("object_store", "collective"):
+        cfg = compose("train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5",
+                                f"sync.method={method}"])
+        with RolloutFleet(cfg) as fleet, TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet) as policy:
+            results = []
+            for v in range(1, rounds + 1):
+                if getattr(policy.sync, "snapshot", None) is not None:
+                    t0 = time.perf_counter()
+                    ray.wait([policy.sync.snapshot], timeout=600)
+                    snapshot_s = time.perf_counter() - t0
+                results.append(policy.sync.push(v))
+        best = min(results, key=lambda r: r["seconds"])
+        out[method] = {"sync_s": round(best["seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
+                       **({"export_s": round(best["export_seconds"], 3)} if "export_seconds" in best else
+                          {"send_s": round(best["send_seconds"], 3), "engine_receive_s": round(best["receive_seconds"], 3),
+                           "snapshot_wait_s": round(snapshot_s, 3)})}
+        print(model_name, "c", method, out[method], flush=True)
     nbytes = int(results[0]["bytes"])
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     copies = []
@@ -145,12 +163,12 @@ def section_c(model_name: str, rounds: int = 3) -> dict:
         dst = src.copy()
         copies.append(time.perf_counter() - t0)
     del dst
-    best = min(results, key=lambda r: r["seconds"])
     copy_s = min(copies)
-    return {"bytes": nbytes, "sync_s": round(best["seconds"], 3),
-            "export_s": round(best["export_seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
-            "sync_bytes_per_s": round(nbytes / best["seconds"]), "memcpy_s": round(copy_s, 4),
-            "memcpy_bytes_per_s": round(nbytes / copy_s), "sync_over_memcpy": round(best["seconds"] / copy_s, 1)}
+    out.update(bytes=nbytes, memcpy_s=round(copy_s, 4), memcpy_bytes_per_s=round(nbytes / copy_s))
+    for method in ("object_store", "collective"):
+        out[method]["over_memcpy"] = round(out[method]["sync_s"] / copy_s, 1)
+    out["object_store_over_collective"] = round(out["object_store"]["sync_s"] / out["collective"]["sync_s"], 1)
+    return out
 
 
 LORA = ["+policies.a.lora.rank=16", "+policies.b.lora.rank=16"]

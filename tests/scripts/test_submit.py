@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import read_metrics
+
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -114,6 +116,11 @@ def test_submit_to_two_node_cluster(tmp_path):
         [node2] = set(main["learner_nodes"])
         assert critic["engine_nodes"] == [node2] and critic["learner_nodes"] == [node2], "critic on node 2"
         assert main["trained_tokens"] > 0 and critic["trained_tokens"] > 0 and critic["version"] == 2
+        # weights crossed nodes over each policy's collective group (learners on node 2, main's engine on the head)
+        assert main["sync"] == critic["sync"] == "CollectiveSync"
+        pushes = [m[f"sync/{p}/fallbacks"] for m in read_metrics(run_dir) for p in ("main", "critic")
+                  if f"sync/{p}/seconds" in m]
+        assert len(pushes) == 4 and not any(pushes), pushes
     finally:
         for p in reversed(nodes):
             os.killpg(p.pid, signal.SIGTERM)

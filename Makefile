@@ -29,6 +29,7 @@ smoke: setup
 bench: setup
 	$(PY) scripts/bench/rollout_path.py
 	$(PY) scripts/bench/learner.py
+	$(PY) scripts/bench/bf16.py
 	$(PY) scripts/bench/e2e.py
 
 clean:

@@ -25,13 +25,18 @@ class WeightGroup:
         self.group, self.store = group, store
 
 
+OPEN_TIMEOUT_S = 60.0  # all members must have joined by then (they start joining together)
+
+
 def open_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> WeightGroup:
     """Join the weight group (all `world_size` members call it at once; rank 0 listens on
-    `host:port`). Every later operation on it fails after `timeout_s` rather than hang."""
+    `host:port`); a member missing after OPEN_TIMEOUT_S fails the join. Every later operation
+    on the group fails after `timeout_s` rather than hang."""
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=OPEN_TIMEOUT_S),
                           wait_for_workers=True, use_libuv=True)
     store = dist.PrefixStore("tracerl-weights", store)
     if backend == "nccl":  # GPU: the same group, NCCL's transport

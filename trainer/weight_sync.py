@@ -25,6 +25,7 @@ from typing import Protocol
 
 import ray
 
+from rollout.weight_transport import OPEN_TIMEOUT_S
 from trainer.learner_group import LearnerGroup
 
 
@@ -117,9 +118,10 @@ class CollectiveSync:
         joins = [self.learners.open_weight_group(host, port, world, self.timeout_s)]
         joins += [e.open_weight_group.remote(host, port, 1 + i * self.tp, world, self.backend, self.timeout_s)
                   for i, e in enumerate(self.engines)]
-        if len(ray.wait(joins, num_returns=len(joins), timeout=self.timeout_s)[0]) < len(joins):
+        limit = OPEN_TIMEOUT_S + 30  # the members' own deadline, and their start-up
+        if len(ray.wait(joins, num_returns=len(joins), timeout=limit)[0]) < len(joins):
             raise TimeoutError(f"the weight group of policy {self.learners.name!r} ({world} members at "
-                               f"{host}:{port}) did not form within engine.sync_timeout_s={self.timeout_s}")
+                               f"{host}:{port}) did not form within {limit} s")
         ray.get(joins)
         self.members = self._pids()
 

@@ -33,10 +33,10 @@ from trainer.config import compose
 
 
 def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,
-               engine: EngineConfig, rounds: int) -> list[dict]:
+               engine: EngineConfig, rounds: int, dtype: str = "float32") -> list[dict]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    llm = AsyncLLM.from_engine_args(engine_args(model_path, engine))
+    llm = AsyncLLM.from_engine_args(engine_args(model_path, engine, dtype))
     params = sampling_params(sampling)
 
     async def one(ids: list[int]) -> int:

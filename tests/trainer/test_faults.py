@@ -165,3 +165,7 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
     # the engine's behaviour log-probs are the learner's to float noise at every step (base weights
     # served after a restart would put the importance ratio far from 1 at these learning rates)
     assert max(abs(m["train/main/ratio_max"] - 1) for m in rows) < 1e-3, [m["train/main/ratio_max"] for m in rows]
+    # the weights went over the collective group, which reopened with the restarted engines
+    assert summary["policies"]["main"]["sync"] == "CollectiveSync"
+    assert rows[0]["sync/main/fallbacks"] == 0 and rows[-1]["sync/main/fallbacks"] == 0, \
+        [m["sync/main/fallbacks"] for m in rows]

@@ -1,0 +1,98 @@
+"""Benchmark bf16 against fp32 on this CPU, both sides of training, in one run.
+
+    python scripts/bench/bf16.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64]
+
+(engine)  vLLM alone generating the same chat-templated prompts (ignore_eos, so every
+          completion has max_tokens): generated tok/s with model.dtype float32 vs bfloat16.
+(learner) one DeepSpeed rank with both cores, ZeRO-0, as `make train` runs it: trained
+          tok/s of one optimizer step on the same micro-batches, fp32 vs bf16 (bf16
+          compute and weights, fp32 master weights and optimizer in DeepSpeed).
+Each side is warmed up, then the best of `--rounds` counts. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learner import batches_for, conversation_trace  # noqa: E402  (the learner bench's batches)
+from rollout_path import bench_vllm  # noqa: E402
+
+from rollout.client import ChatFormat  # noqa: E402
+from rollout.cluster import start_ray  # noqa: E402
+from rollout.config import RayConfig, make_task_source  # noqa: E402
+from rollout.models import resolve_model  # noqa: E402
+from trainer.config import compose  # noqa: E402
+from trainer.learner import LearnerConfig  # noqa: E402
+from trainer.learner_group import LearnerGroup  # noqa: E402
+from trainer.losses import LossConfig  # noqa: E402
+
+DTYPES = ("float32", "bfloat16")
+
+
+def engine_side(model: str, prompts: int, max_tokens: int, rounds: int) -> dict:
+    cfg = compose("generate", [f"model={model}", "harness=single_turn", "task=chain_sum",
+                               f"sampling.max_tokens={max_tokens}", "sampling.ignore_eos=true",
+                               f"engine.max_num_seqs={max(prompts, 8)}"])
+    path = resolve_model(cfg.model.name, cfg.model.path)
+    fmt = ChatFormat.from_pretrained(path)
+    tasks = make_task_source(cfg.task, cfg.seed)
+    batch = [fmt.render([{"role": "user", "content": tasks.train_task(i).prompt}]) for i in range(prompts)]
+    out = {}
+    for dtype in DTYPES:
+        runs = bench_vllm(path, batch, cfg.sampling, cfg.engine, rounds, dtype=dtype)
+        out[f"{dtype}_tok_s"] = round(max(r["tokens"] / r["seconds"] for r in runs), 1)
+        print("engine", dtype, out[f"{dtype}_tok_s"], flush=True)
+    out["ratio"] = round(out["bfloat16_tok_s"] / out["float32_tok_s"], 3)
+    return out
+
+
+def learner_side(model: str, rows: int, rounds: int, budget: int) -> dict:
+    path = resolve_model(model)
+    fmt = ChatFormat.from_pretrained(path)
+    rng = random.Random(0)
+    traces = [conversation_trace(fmt, fmt.vocab_size, 1, 96, 0, rng, f"t{i}") for i in range(rows)]
+    _, mbs = batches_for(traces, True, budget)
+    trained = sum(mb.num_trained for mb in mbs)
+    cfg = LearnerConfig(world_size=1, num_cpus=1, torch_threads=2, zero_stage=0, lr=1e-6)
+    start_ray(RayConfig(num_cpus=4))
+    out = {"trained_tokens": trained}
+    for dtype in DTYPES:
+        with LearnerGroup(path, cfg, LossConfig(), dtype=dtype) as group:
+            seconds = []
+            for _ in range(rounds + 1):
+                t0 = time.perf_counter()
+                stats = group.train_step(mbs)
+                seconds.append(time.perf_counter() - t0)
+            assert not stats["skipped"], f"{dtype}: the step was skipped (non-finite)"
+        out[f"{dtype}_tok_s"] = round(trained / min(seconds[1:]), 1)  # the first step warms up
+        print("learner", dtype, out[f"{dtype}_tok_s"], flush=True)
+    out["ratio"] = round(out["bfloat16_tok_s"] / out["float32_tok_s"], 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2_135m")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--budget", type=int, default=1024, help="padded tokens per micro-batch")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    result = {"bench": "bf16", "model": args.model, "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
+              "engine": engine_side(args.model, args.prompts, args.max_tokens, args.rounds),
+              "learner": learner_side(args.model, args.rows, args.rounds, args.budget)}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

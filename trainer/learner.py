@@ -32,6 +32,7 @@ from typing import Any
 from enum import StrEnum
 
 from rollout.lora import own_params, peft_config, peft_name, saved_name
+from rollout.weight_transport import Layout
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import MicroBatch
 
@@ -326,7 +327,7 @@ class Learner:
         self.weight_group = open_group(host, port, 0, world_size, "nccl" if self.cfg.num_gpus > 0 else "gloo",
                                        timeout_s)
 
-    def weight_layout(self, bucket_bytes: int = 64 << 20) -> list:
+    def weight_layout(self, bucket_bytes: int = 64 << 20) -> Layout:
         """The (name, shape, dtype) of every parameter `broadcast_weights` sends, in buckets of
         about `bucket_bytes` (the full model; the engine maps HF names itself)."""
         layout, bucket, size = [], [], 0
@@ -339,11 +340,13 @@ class Learner:
                 bucket, size = [], 0
         return layout + ([bucket] if bucket else [])
 
-    def broadcast_weights(self, layout: list) -> float:
+    def broadcast_weights(self, layout: Layout) -> float:
         """Send the parameters in `layout` order over the weight group, straight from the
         module (gathered bucket by bucket under ZeRO-3, where every rank takes part); returns
         rank 0's seconds."""
         import deepspeed
+
+        from rollout.weight_transport import broadcast, wait
 
         t0 = time.perf_counter()
         params = dict(self.module.named_parameters())
@@ -351,8 +354,6 @@ class Learner:
             ps = [params[name] for name, _, _ in bucket]
             with deepspeed.zero.GatheredParameters(ps, modifier_rank=None, enabled=self.cfg.zero_stage == 3):
                 if self.rank == 0:
-                    from rollout.weight_transport import broadcast, wait
-
                     wait(broadcast(self.weight_group, [p.detach() for p in ps]))
         return time.perf_counter() - t0
 

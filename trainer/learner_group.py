@@ -14,6 +14,7 @@ from __future__ import annotations
 import ray
 
 from rollout.cluster import await_started
+from rollout.weight_transport import Layout
 from trainer.learner import Learner, LearnerConfig
 from trainer.losses import LossConfig
 from trainer.packing import MicroBatch, shard
@@ -119,10 +120,10 @@ class LearnerGroup:
         """Rank 0's side of opening the weight group; returns its ref (the engines join meanwhile)."""
         return self.ranks[0].open_weight_group.remote(host, port, world_size, timeout_s)
 
-    def weight_layout(self, bucket_bytes: int = 64 << 20) -> list:
+    def weight_layout(self, bucket_bytes: int = 64 << 20) -> Layout:
         return self.collect("weight_layout", [self.ranks[0].weight_layout.remote(bucket_bytes)])[0]
 
-    def broadcast_weights(self, layout: list) -> list[ray.ObjectRef]:
+    def broadcast_weights(self, layout: Layout) -> list[ray.ObjectRef]:
         """Every rank's broadcast call (rank 0 sends; the others take part in ZeRO-3's gathers),
         not waited for: the engines receive at the same time."""
         return [r.broadcast_weights.remote(layout) for r in self.ranks]

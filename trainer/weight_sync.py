@@ -25,7 +25,7 @@ from typing import Protocol
 
 import ray
 
-from rollout.weight_transport import OPEN_TIMEOUT_S
+from rollout.weight_transport import OPEN_TIMEOUT_S, Layout, dtype_of
 from trainer.learner_group import LearnerGroup
 
 
@@ -102,7 +102,7 @@ class CollectiveSync:
         self.store, self.timeout_s, self.tp = store, timeout_s, tensor_parallel_size
         self.bucket_bytes = bucket_bytes
         self.fallback = ObjectStoreSync(learners, engines, bucket_bytes, timeout_s, store)
-        self.layout = learners.weight_layout(bucket_bytes)
+        self.layout: Layout = learners.weight_layout(bucket_bytes)
         self.bytes = float(sum(_nbytes(shape, dtype) for bucket in self.layout for _, shape, dtype in bucket))
         self.members: list[int] | None = None  # the engines' pids when the group was opened
         self.snapshot: ray.ObjectRef | None = None  # the newest pushed version in the object store
@@ -159,6 +159,4 @@ class CollectiveSync:
 def _nbytes(shape: list[int], dtype: str) -> int:
     import math
 
-    import torch
-
-    return math.prod(shape) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    return math.prod(shape) * dtype_of(dtype).itemsize

@@ -142,7 +142,7 @@ def section_c(model_name: str, rounds: int = 3) -> dict:
         cfg = compose("train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5",
                                 f"sync.method={method}"])
         with RolloutFleet(cfg) as fleet, TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet) as policy:
-            results = []
+            results, snapshot_s = [], 0.0
             for v in range(1, rounds + 1):
                 if getattr(policy.sync, "snapshot", None) is not None:
                     t0 = time.perf_counter()

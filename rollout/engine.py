@@ -29,6 +29,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,8 +128,12 @@ class Engine:
         self.adapter_versions = {p: 0 for p in self.adapters}
         self._lora: dict = {}  # adapter policy -> its vLLM LoRARequest, once a version was pushed
         self._adapter_dir = Path(tempfile.mkdtemp(prefix="tracerl-lora-")) if self.adapters else None
+        from rollout.engine_clock import StepClock
+
+        self._clock = StepClock()  # the engine-core steps' time (rollout/engine_clock.py)
         t0 = time.perf_counter()
-        self._llm = AsyncLLM.from_engine_args(engine_args(model_path, cfg, dtype, max_model_len, seed, self.adapters))
+        self._llm = AsyncLLM.from_engine_args(engine_args(model_path, cfg, dtype, max_model_len, seed, self.adapters),
+                                              stat_loggers=[lambda vllm_config, index: self._clock])
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
         self._active = 0  # requests in flight
@@ -165,25 +170,33 @@ class Engine:
                 f"model.max_model_len {self._llm.model_config.max_model_len}")
         version, lora = self._serving(policy)
         final = None
-        if self._active == 0:
-            self._busy_since = time.perf_counter()
-        self._active += 1
-        try:
+        with self._in_flight():
             async for out in self._llm.generate({"prompt_token_ids": list(prompt_ids)},
                                                 sampling_params(sampling, seed), uuid.uuid4().hex,
                                                 lora_request=lora):
                 final = out
-        finally:
-            self._active -= 1
-            self._finished += final is not None
-            if self._active == 0:
-                self._busy_s += time.perf_counter() - self._busy_since
+        self._finished += final is not None
         assert final is not None, "vLLM returned no output"
         return [Completion(
             completion_ids=list(o.token_ids),
             logprobs=[lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs)],
             finish_reason=o.finish_reason or "abort",
             version=version) for o in final.outputs]
+
+    @contextmanager
+    def _in_flight(self):
+        """Count a request in flight for the busy time (`info()["busy_s"]`) and the step clock."""
+        if self._active == 0:
+            self._busy_since = time.perf_counter()
+            self._clock.wake()
+        self._active += 1
+        try:
+            yield
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._busy_s += time.perf_counter() - self._busy_since
+                self._clock.sleep()
 
     def _serving(self, policy: str | None) -> tuple[int, object]:
         """(version, LoRARequest or None) that serve a request of `policy`."""
@@ -202,9 +215,10 @@ class Engine:
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
-        async for out in self._llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex,
-                                            lora_request=self._serving(policy)[1]):
-            final = out
+        with self._in_flight():
+            async for out in self._llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex,
+                                                lora_request=self._serving(policy)[1]):
+                final = out
         plp = final.prompt_logprobs  # one dict per prompt position; None at position 0
         return [plp[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
 
@@ -292,8 +306,9 @@ class Engine:
 
         await self._current()
         params = SamplingParams(max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
-        async for _ in self._llm.generate({"prompt_token_ids": [0]}, params, uuid.uuid4().hex):
-            pass
+        with self._in_flight():
+            async for _ in self._llm.generate({"prompt_token_ids": [0]}, params, uuid.uuid4().hex):
+                pass
         return self.version
 
     # ------------------------------------------------------------ metadata
@@ -306,7 +321,7 @@ class Engine:
         return {"policy": self.policy, "version": self.version, "adapter_versions": dict(self.adapter_versions),
                 "vocab_size": self.vocab_size,
                 "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
-                "busy_s": busy, "active": self._active, "finished": self._finished, "pid": os.getpid(),
+                "busy_s": busy, "steps": self._clock.totals(), "active": self._active, "finished": self._finished, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
 
     async def shutdown(self) -> None:

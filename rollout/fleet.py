@@ -158,6 +158,19 @@ class RolloutFleet:
     def engine_infos(self) -> list[dict]:
         return ray.get([e.info.remote() for pool in self.pools.values() for e in pool], timeout=60)
 
+    def engine_clocks(self, timeout_s: float = 5.0) -> list[dict]:
+        """`engine_infos()` of the engines that answer within `timeout_s` (a restarting or dead
+        engine is left out, never waited for): what the per-step rollout split reads."""
+        refs = [e.info.remote() for pool in self.pools.values() for e in pool]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        infos = []
+        for ref in ready:
+            try:
+                infos.append(ray.get(ref))
+            except ray.exceptions.RayError:
+                pass
+        return infos
+
     def engine_restarts(self) -> int:
         """Engine restarts so far, every pool (a restarted engine checks in with each of its
         pool's stores: the first one counts)."""

@@ -39,7 +39,7 @@ from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer import checkpoint
-from trainer.metrics import RunLogger, paired_comparison, step_totals
+from trainer.metrics import RunLogger, paired_comparison, rollout_split, step_totals
 from trainer.policy import TrainedPolicy, trained_policies
 
 
@@ -72,6 +72,8 @@ def train(cfg: TrainJobConfig) -> dict:
         # fleet (drained at a checkpoint, or read from one); `ahead`: the first step neither
         # held nor submitted
         ahead = submit_steps(fleet, start + len(held) // t.groups_per_step, start + 1 + t.max_staleness, t)
+        # the engines' clocks when the rollout being waited for was last submitted to
+        clock = time.perf_counter(), fleet.engine_clocks()
         for step in range(start, t.steps):
             t0 = time.perf_counter()
             groups, held = held[:t.groups_per_step], held[t.groups_per_step:]
@@ -79,15 +81,17 @@ def train(cfg: TrainJobConfig) -> dict:
             traces = [tr for group in groups for tr in group]
             t_wait = time.perf_counter() - t0
             check_failures(traces, t.max_failed_fraction, f"the rollout of step {step + 1}")
+            m = trace_metrics(traces, "rollout")
+            m.update(rollout_split(clock[1], fleet.engine_clocks(), time.perf_counter() - clock[0]))
 
             # ---- per policy: leave out what is too stale, one optimizer step, sync -------
-            m = trace_metrics(traces, "rollout")
             for policy in policies.values():
                 m.update(policy.train(traces, t.max_staleness))
             m.update(step_totals(m, list(policies)))
 
             # ---- the engines have the new weights: the next rollout may start ----------
             ahead = submit_steps(fleet, ahead, step + 2 + t.max_staleness, t)
+            clock = time.perf_counter(), fleet.engine_clocks()
 
             # ---- log, evaluate, checkpoint ---------------------------------------------
             step_s = time.perf_counter() - t0

@@ -48,6 +48,37 @@ def step_totals(m: dict[str, float], policies: list[str]) -> dict[str, float]:
             "async/dropped_stale": sum(m[f"async/{p}/dropped_stale"] for p in policies)}
 
 
+def rollout_split(before: list[dict], after: list[dict], window_s: float) -> dict[str, float]:
+    """Where the engines' time went over a rollout window of `window_s` seconds, from two
+    snapshots of `Engine.info()` (at its start and its end; an engine whose pid changed between
+    them restarted, and counts from zero). Seconds are the mean over engines: `engine_busy_s`
+    (some request in flight) = `engine_prefill_s` + `engine_decode_s` (vLLM engine-core steps,
+    rollout/engine_clock.py) + `engine_other_s` (in flight, no step running: the engine actor's
+    own work); `engine_idle_s` (no request in flight: the workers, the agent client, Ray, the
+    harness, or nothing submitted). Also the decode steps, their mean batch, the prefilled and
+    prefix-cached prompt tokens, and generated tokens per second of the window."""
+    old = {(i["node_id"], i["pid"]): i for i in before}
+    n = max(len(after), 1)
+    busy = 0.0
+    steps = dict.fromkeys(("prefill_s", "decode_s", "decode_steps", "decode_batch_sum", "prefill_tokens",
+                           "cached_prompt_tokens", "generated_tokens"), 0.0)
+    for info in after:
+        prev = old.get((info["node_id"], info["pid"]))
+        busy += info["busy_s"] - (prev["busy_s"] if prev else 0.0)
+        for k in steps:
+            steps[k] += info["steps"][k] - (prev["steps"][k] if prev else 0.0)
+    busy /= n
+    prefill, decode = steps["prefill_s"] / n, steps["decode_s"] / n
+    return {"perf/rollout_window_s": window_s, "perf/engine_busy_s": busy, "perf/engine_prefill_s": prefill,
+            "perf/engine_decode_s": decode, "perf/engine_other_s": max(busy - prefill - decode, 0.0),
+            "perf/engine_idle_s": max(window_s - busy, 0.0),
+            "perf/engine_generated_tokens_per_s": steps["generated_tokens"] / window_s if window_s else 0.0,
+            "rollout/decode_steps": steps["decode_steps"],
+            "rollout/decode_batch": steps["decode_batch_sum"] / steps["decode_steps"] if steps["decode_steps"] else 0.0,
+            "rollout/prefill_tokens": steps["prefill_tokens"],
+            "rollout/cached_prompt_tokens": steps["cached_prompt_tokens"]}
+
+
 def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, float]:
     """How the same held-out questions moved between two evals: questions that got better /
     worse, and the two-sided sign-test p-value of that split (ties dropped) — the noise check
@@ -137,7 +168,9 @@ class RunLogger:
                  f"reward {m.get('rollout/reward', 0):.3f}",
                  f"loss {' '.join(losses)}",
                  f"tok/s {m.get('perf/train_tokens_per_s', 0):7.1f}",
-                 f"step {m.get('perf/step_s', 0):6.1f}s"]
+                 f"step {m.get('perf/step_s', 0):6.1f}s (rollout {m.get('perf/rollout_wait_s', 0):.1f}, "
+                 f"train {m.get('perf/train_s', 0):.1f}, sync {m.get('perf/sync_s', 0):.1f}; engines busy "
+                 f"{m.get('perf/engine_busy_s', 0):.1f}s of {m.get('perf/rollout_window_s', 0):.1f})"]
         if "eval/reward" in m:
             parts.append(f"eval {m['eval/reward']:.3f}")
         if m.get("rollout/failed", 0):

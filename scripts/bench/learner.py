@@ -4,7 +4,8 @@
 
 (a) trained tokens/s: LearnerGroup (2 DeepSpeed ranks on Ray, ZeRO-2; and 1 rank with
     both cores, ZeRO-0, as `make train` runs it: a_throughput_ws1) vs a plain
-    single-process torch forward + backward + AdamW loop on the same micro-batches.
+    single-process torch forward + backward + AdamW loop on the same micro-batches, in a Ray
+    actor with the ws1 rank's CPUs and threads; they take turns step by step (min of the rounds).
 (b) multi-turn traces with 2, 4, 8 turns: tokens processed and fwd+bwd time with
     prefix merging vs without, against the unique-token count (the floor).
 (c) weight sync: seconds of CollectiveSync (a gloo group, learner rank 0 broadcasting
@@ -70,42 +71,65 @@ def fwd_bwd_seconds(model, mbs) -> float:
     return time.perf_counter() - t0
 
 
+class PlainLoop:
+    """A single-process torch forward + backward + AdamW loop: what the learner is measured against."""
+
+    def __init__(self, path: str, threads: int):
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
+
+    def step(self, mbs) -> float:
+        """Seconds of one optimizer step over `mbs`, timed inside this process."""
+        t0 = time.perf_counter()
+        for mb in mbs:
+            microbatch_loss(self.model, mb, LossConfig())[0].backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+
 def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) -> dict:
     rng = random.Random(0)
     traces = [conversation_trace(fmt, vocab, 1, 96, 0, rng, f"t{i}") for i in range(n_rows)]
     _, mbs = batches_for(traces, True, budget)
     trained = sum(mb.num_trained for mb in mbs)
 
-    from transformers import AutoModelForCausalLM
+    # The plain loop runs in a Ray actor with the ws1 rank's resources and threads, so the two
+    # differ only in what LearnerGroup and DeepSpeed add.
+    plain_loop = ray.remote(num_cpus=1)(PlainLoop).remote(path, 2)
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    plain = []
-    for _ in range(steps + 1):
-        t0 = time.perf_counter()
-        for mb in mbs:
-            microbatch_loss(model, mb, LossConfig())[0].backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        plain.append(time.perf_counter() - t0)
-    del model, opt
+    def plain_step() -> float:
+        return ray.get(plain_loop.step.remote(mbs), timeout=600)
 
-    p = min(plain[1:])  # first step is warm-up
-    out = {}
-    for key, cfg in (("a_throughput", LearnerConfig(world_size=2, num_cpus=1, zero_stage=2, lr=1e-6)),
-                     # what `make train` runs: one rank with both cores
-                     ("a_throughput_ws1", LearnerConfig(world_size=1, num_cpus=1, torch_threads=2, zero_stage=0,
-                                                        lr=1e-6))):
-        with LearnerGroup(path, cfg, LossConfig()) as group:
-            ds = []
-            for _ in range(steps + 1):
+    configs = {"a_throughput": LearnerConfig(world_size=2, num_cpus=1, zero_stage=2, lr=1e-6),
+               # what `make train` runs: one rank with both cores
+               "a_throughput_ws1": LearnerConfig(world_size=1, num_cpus=1, torch_threads=2, zero_stage=0, lr=1e-6)}
+    # Every group is up before the clock starts, and the plain loop and each learner take turns
+    # step by step, so a slow minute on this shared box hits all of them alike.
+    plain, times, inside = [], {k: [] for k in configs}, {k: [] for k in configs}
+    with ExitStack() as stack:
+        groups = {k: stack.enter_context(LearnerGroup(path, cfg, LossConfig())) for k, cfg in configs.items()}
+        for _ in range(steps + 1):  # the first round is warm-up
+            plain.append(plain_step())
+            for key, group in groups.items():
                 t0 = time.perf_counter()
-                group.train_step(mbs)
-                ds.append(time.perf_counter() - t0)
-        d = min(ds[1:])
+                res = group.train_step(mbs)
+                times[key].append(time.perf_counter() - t0)
+                inside[key].append(res["seconds"])
+    ray.kill(plain_loop)
+
+    p = min(plain[1:])
+    out = {}
+    for key, cfg in configs.items():
+        d = min(times[key][1:])
         out[key] = {"world_size": cfg.world_size, "zero_stage": cfg.zero_stage, "trained_tokens": trained,
                     "plain_tok_s": round(trained / p, 1), "learner_tok_s": round(trained / d, 1),
-                    "ratio": round(p / d, 3)}
+                    "ratio": round(p / d, 3),
+                    # the step inside the rank; the rest of `d` is the Ray call and the driver's
+                    "in_rank_s": round(min(inside[key][1:]), 3), "call_s": round(d, 3)}
     return out
 
 

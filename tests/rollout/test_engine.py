@@ -86,6 +86,32 @@ def test_update_weights_tied_embeddings(ray_cluster, tiny_tied_path, engine_cfg)
         ray.kill(e)
 
 
+def test_the_step_clock_accounts_for_every_token_and_fits_in_the_busy_time(engine, tiny_tokenizer):
+    """rollout/engine_clock.py: over 8 concurrent requests the engine's step totals count exactly
+    the tokens generated and the prompt tokens prefilled, the decode steps ran batched, and the
+    steps' time fits inside the time some request was in flight."""
+    import time
+
+    prompts = [chat_prompt(tiny_tokenizer, f"Count to {k}.") for k in range(8)]
+    before = ray.get(engine.info.remote())
+    comps = ray.get([engine.generate.remote(p, SamplingConfig(max_tokens=12, ignore_eos=True)) for p in prompts])
+    generated = sum(len(c.completion_ids) for [c] in comps)
+    assert generated == 96
+    deadline = time.monotonic() + 10  # the last step's output is recorded just after it is delivered
+    while True:
+        after = ray.get(engine.info.remote())
+        d = {k: after["steps"][k] - before["steps"][k] for k in after["steps"]}
+        if d["generated_tokens"] >= generated or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert d["generated_tokens"] == generated
+    assert d["prefill_tokens"] + d["cached_prompt_tokens"] == sum(map(len, prompts))
+    assert d["decode_steps"] >= 11  # 12 tokens each: one from the prefill, 11 decoded
+    assert 1 < d["decode_batch_sum"] / d["decode_steps"] <= 8, "the requests decoded together"
+    busy = after["busy_s"] - before["busy_s"]
+    assert 0 < d["prefill_s"] and 0 < d["decode_s"] and d["prefill_s"] + d["decode_s"] <= busy + 1e-3, (d, busy)
+
+
 def test_prompt_too_long_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="exceeds model.max_model_len"):
         ray.get(engine.generate.remote([5] * 2040, SamplingConfig(max_tokens=64)))

@@ -38,6 +38,12 @@ def test_smoke_experiment_learns_in_sync_mode(tmp_path):
                 "sync/main/seconds", "async/main/staleness_max"):
         assert key in last, key
     assert last["async/main/staleness_max"] == 0  # synchronous: every trained token from current weights
+    # the rollout split: the engine's steps fit in its busy time, which fits in the window
+    for m in map(json.loads, lines):
+        if "rollout/reward" in m:
+            assert 0 < m["perf/engine_prefill_s"] + m["perf/engine_decode_s"] <= m["perf/engine_busy_s"] + 1e-3, m
+            assert m["perf/engine_busy_s"] <= m["perf/rollout_window_s"] and m["rollout/decode_steps"] > 0, m
+    assert "engines busy" in proc.stdout
     assert (tmp_path / "config.yaml").exists()
     assert (tmp_path / "checkpoints/step_000020/main/hf/model.safetensors").exists()
 

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from rollout.trace import Sequence, Trace
-from trainer.metrics import (RunLogger, advantage_metrics, paired_comparison, step_totals, trace_table,
-                             train_metrics)
+from trainer.metrics import (RunLogger, advantage_metrics, paired_comparison, rollout_split, step_totals,
+                             trace_table, train_metrics)
 
 
 def decode(ids):
@@ -88,3 +88,25 @@ def test_step_totals_sum_over_policies():
          "train/a/trained_tokens": 40.0, "async/a/dropped_stale": 1.0, "async/b/dropped_stale": 2.0}
     assert step_totals(m, ["a", "b"]) == {"perf/train_s": 5.0, "perf/sync_s": 0.75, "train/trained_tokens": 40.0,
                                           "perf/train_tokens_per_s": 8.0, "async/dropped_stale": 3.0}
+
+
+def engine_info(pid, busy, prefill, decode, decode_steps, batch_sum, generated):
+    return {"node_id": "n", "pid": pid, "busy_s": busy,
+            "steps": {"prefill_s": prefill, "decode_s": decode, "decode_steps": decode_steps,
+                      "decode_batch_sum": batch_sum, "prefill_tokens": 10.0, "cached_prompt_tokens": 0.0,
+                      "generated_tokens": generated}}
+
+
+def test_rollout_split_is_per_engine_and_counts_a_restarted_engine_from_zero():
+    before = [engine_info(1, 10.0, 1.0, 5.0, 50, 200, 300), engine_info(2, 4.0, 0.5, 2.0, 20, 40, 80)]
+    # engine 1 ran 6 s more; engine 2 restarted (a new pid) and ran 2 s since
+    after = [engine_info(1, 16.0, 1.5, 10.0, 100, 600, 900), engine_info(3, 2.0, 0.2, 1.0, 10, 20, 40)]
+    m = rollout_split(before, after, window_s=8.0)
+    assert m["perf/engine_busy_s"] == pytest.approx((6.0 + 2.0) / 2)
+    assert m["perf/engine_prefill_s"] == pytest.approx((0.5 + 0.2) / 2)
+    assert m["perf/engine_decode_s"] == pytest.approx((5.0 + 1.0) / 2)
+    assert m["perf/engine_other_s"] == pytest.approx(4.0 - 0.35 - 3.0)
+    assert m["perf/engine_idle_s"] == pytest.approx(8.0 - 4.0)
+    assert m["rollout/decode_steps"] == 60 and m["rollout/decode_batch"] == pytest.approx(420 / 60)
+    assert m["perf/engine_generated_tokens_per_s"] == pytest.approx((600 + 40) / 8.0)
+    assert m["rollout/prefill_tokens"] == 10.0  # engine 1's did not change; engine 3's 10 are new

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -63,6 +64,11 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.85  # GPU only: fraction of device memory for vLLM
     tensor_parallel_size: int = 1  # GPU only
     max_num_seqs: int = 64  # sequences batched per engine step
+    block_size: int | None = 32  # KV-cache block (tokens): the prefix cache reuses whole blocks only (vLLM's CPU default, 128, caches no short prompt); null: vLLM's
+    # CPU only: the cores vLLM's worker binds its OpenMP threads to: "auto" (vLLM's: one core per
+    # node kept for its scheduler, so ONE core on a 2-core box), "all" (every core this engine may
+    # run on; with tensor_parallel_size k, split in k), or vLLM's list ("0-1", TP ranks split by "|")
+    cpu_cores: str = "auto"
     enforce_eager: bool = True  # skip CUDA graphs / torch.compile (start-up time on CPU)
     start_timeout_s: float = 300.0  # engine start (model load) limit
     request_timeout_s: float = 600.0  # one model call longer than this fails its trace (the request is cancelled)
@@ -330,9 +336,17 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
             raise ValueError(f"{where}: {e}") from None
         if cfg.sampling.max_tokens >= model.max_model_len:
             raise ValueError(f"sampling.max_tokens must be < {where}.max_model_len")
+        where = f"policies.{policy}.engine" if table[policy].engine else "engine"
         if engine.num_engines < 1 or engine.kv_cache_gb <= 0:
-            where = f"policies.{policy}.engine" if table[policy].engine else "engine"
             raise ValueError(f"{where}.num_engines must be >= 1 and {where}.kv_cache_gb > 0")
+        if engine.block_size is not None and (engine.block_size <= 0 or engine.block_size % (16 if engine.num_gpus
+                                                                                            else 32)):
+            raise ValueError(f"{where}.block_size={engine.block_size} must be a multiple of "
+                             f"{16 if engine.num_gpus else 32} (vLLM's {'GPU' if engine.num_gpus else 'CPU'} "
+                             f"attention), or null for vLLM's default")
+        if not (engine.cpu_cores in ("auto", "all") or re.fullmatch(r"[0-9,\-|]+", engine.cpu_cores)):
+            raise ValueError(f"{where}.cpu_cores={engine.cpu_cores!r}: auto, all, or core ids like 0-1 "
+                             f"(tensor-parallel ranks split by |)")
         lora = table[policy].lora
         if lora is not None:
             where = f"policies.{policy}.lora"

@@ -54,6 +54,23 @@ def _vllm_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def bind_cpu_cores(cfg: EngineConfig) -> None:
+    """Tell vLLM's CPU worker(s), before they start, which cores their OpenMP threads take
+    (`engine.cpu_cores`); the CUDA build ignores it."""
+    if cfg.num_gpus > 0 or cfg.cpu_cores == "auto":
+        return
+    if cfg.cpu_cores == "all":
+        cores = sorted(os.sched_getaffinity(0))
+        k = cfg.tensor_parallel_size
+        if len(cores) < k:
+            raise ValueError(f"engine.cpu_cores=all: {len(cores)} cores for tensor_parallel_size={k}")
+        per = len(cores) // k
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+            ",".join(map(str, cores[r * per:(r + 1) * per])) for r in range(k))
+    else:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_cores
+
+
 def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
                 max_model_len: int = 2048, seed: int = 0, adapters: dict[str, LoraConfig] | None = None):
     """vLLM engine arguments for one engine; CPU and GPU differ only in KV-cache sizing and prefill
@@ -74,6 +91,7 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
         seed=seed,
         enforce_eager=cfg.enforce_eager,
         max_num_seqs=cfg.max_num_seqs,
+        **({"block_size": cfg.block_size} if cfg.block_size else {}),
         tensor_parallel_size=cfg.tensor_parallel_size,
         # Log-probs of the distribution actually sampled from (after temperature),
         # which is the behaviour policy the learner's importance ratio needs.
@@ -128,6 +146,7 @@ class Engine:
         self.adapter_versions = {p: 0 for p in self.adapters}
         self._lora: dict = {}  # adapter policy -> its vLLM LoRARequest, once a version was pushed
         self._adapter_dir = Path(tempfile.mkdtemp(prefix="tracerl-lora-")) if self.adapters else None
+        bind_cpu_cores(cfg)
         from rollout.engine_clock import StepClock
 
         self._clock = StepClock()  # the engine-core steps' time (rollout/engine_clock.py)

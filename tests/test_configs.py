@@ -210,6 +210,9 @@ def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
      r"sync.method=collective carries full weights, and policies.main.lora makes 'main' an adapter; use sync.method=auto"),
     (["engine.num_gpus=1"], r"sync.method=auto: learner.num_gpus and the engines' num_gpus of policy 'main' must both"),
     (["sync.method=rdma"], r"sync.method"),
+    (["engine.block_size=16"], r"engine.block_size=16 must be a multiple of 32 \(vLLM's CPU attention\)"),
+    (["agents.verifier=critic", "+policies.critic.engine.cpu_cores=half"],
+     r"policies.critic.engine.cpu_cores='half': auto, all, or core ids like 0-1"),
 ])
 def test_policy_config_errors_name_the_key_and_the_fix(overrides, msg):
     with pytest.raises((ValueError, ConfigCompositionException), match=msg):

@@ -40,6 +40,7 @@ class LoopConfig:
     save_every: int = 10  # steps between checkpoints (0: only at the end)
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted)
     log_traces_every: int = 10  # steps between wandb trace tables (0: never)
+    rollouts_every: int = 0  # steps between writing the step's rollout traces to run_dir/rollouts/step_<n>.jsonl (0: never)
     resume: str | None = None  # `auto`: run_dir's newest checkpoint if it has one; a run dir: its newest
     overwrite: bool = False  # start afresh in a run_dir that holds a previous run (its outputs are deleted)
     rollout_timeout_s: float = 1800.0  # waiting for one step's traces longer than this is an error
@@ -132,6 +133,7 @@ def validate(cfg: TrainJobConfig) -> None:
                                     "reproduce a top-p-truncated behaviour distribution"),
         (a.advantage.eps >= 0, "algorithm.advantage.eps must be >= 0"),
         (t.save_every >= 0, "trainer.save_every must be >= 0 (0: only at the end)"),
+        (t.rollouts_every >= 0, "trainer.rollouts_every must be >= 0 (0: never)"),
         (t.keep_last >= 1, "trainer.keep_last must be >= 1"),
         (t.max_skipped_steps >= 1, "trainer.max_skipped_steps must be >= 1"),
         (0 <= t.max_failed_fraction <= 1, "trainer.max_failed_fraction must be in [0, 1] (1: never stop)"),

@@ -111,6 +111,8 @@ def train(cfg: TrainJobConfig) -> dict:
             if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
                 final = evaluate(fleet, cfg, done)
                 m.update(trace_metrics(final, "eval") if final else {})
+            if t.rollouts_every and done % t.rollouts_every == 0:  # for the trace viewer and scripts/bench/e2e.py
+                write_jsonl(traces, run_dir / "rollouts" / f"step_{done}.jsonl")
             if t.log_traces_every and done % t.log_traces_every == 0:
                 logger.traces(done, traces[:4], next(iter(policies.values())).format.decode)
             logger.log(done, m)

@@ -1,5 +1,7 @@
-"""Benchmark the whole loop, two variants of one config side by side in one run.
+"""Benchmark the whole loop: two variants of one config side by side in one run, or one config
+against its speed of light.
 
+    python scripts/bench/e2e.py --model smollm2_135m [--steps 3] [overrides ...]  # speed of light
     python scripts/bench/e2e.py [--steps 12] [overrides ...]                 # sync vs async (max_staleness 0 vs 1)
     python scripts/bench/e2e.py --compare policies [--steps 6] [overrides ...]  # one trained policy vs two
     python scripts/bench/e2e.py --compare lora [--steps 6] [overrides ...]      # two full policies vs two adapters
@@ -10,7 +12,16 @@ solver and verifier as one shared policy, then as two (verifier -> its own `crit
 same traces per step. `--compare lora` trains solver and verifier as two full policies (an engine
 each), then as two LoRA adapters (rank 16) of one base on one engine. For each variant: trained tokens/s over the loop, seconds per step, and
 how idle each side was — the learners (1 - train seconds / loop seconds) and the rollout engines
-(1 - seconds with a request in flight / loop seconds). The last output line is one JSON object.
+(1 - seconds with a request in flight / loop seconds).
+
+`--model NAME`: the speed of light of one training step of `make train`'s config
+(experiment=smollm2_solver_verifier with model=NAME and the overrides). It trains `--steps` steps,
+keeps the last step's rollout traces and, once the run has ended, measures on the same machine
+what that step's work costs with nothing else in the way: vLLM alone generating the same tokens
+(every sequence of the step at once, each to its own length, on engines with the run's settings),
+the plain torch loop (scripts/bench/learner.py's) training the same packed rows, and a memory copy
+of the trained weights. It prints the step's seconds over their sum and where the rest went
+(rollout wait, train, sync, the loop's own). The last output line is one JSON object.
 """
 
 from __future__ import annotations
@@ -21,12 +32,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import ray
 
-from rollout.cluster import start_ray
-from rollout.config import RayConfig
+from rollout.client import ChatFormat
+from rollout.cluster import spawn_engines, start_ray
+from rollout.config import RayConfig, SamplingConfig
+from rollout.models import resolve_model
+from rollout.trace import read_jsonl
+from trainer.advantages import compute_advantages
 from trainer.config import compose
 from trainer.loop import train
+from trainer.packing import build_rows, pack, token_weights
 
 VARIANTS = {  # name -> (default overrides, {variant: its overrides})
     "staleness": (["experiment=smoke"], {"sync": ["trainer.max_staleness=0"], "async": ["trainer.max_staleness=1"]}),
@@ -59,12 +76,103 @@ def run_variant(name: str, overrides: list[str], steps: int) -> dict:
             "final_reward": round(steps_m[-1]["rollout/reward"], 3), "dropped_stale": summary["dropped_stale"]}
 
 
+def engines_alone_s(cfg, traces) -> float:
+    """Seconds for the run's engine pools (fresh, the run's settings) to generate every sequence of
+    `traces` at once, each prompt to its own completion's length: no harness, no dependencies."""
+    pools = cfg.engine_pools()
+    spec = {pool: (resolve_model(cfg.policy_model(ps[0]).name, cfg.policy_model(ps[0]).path), cfg.policy_model(ps[0]),
+                   cfg.pool_engine(ps)) for pool, ps in pools.items()}
+    engines = spawn_engines(spec, seed=cfg.seed)
+    of_policy = {p: engines[pool][0] for pool, ps in pools.items() for p in ps}
+    try:
+        ray.get([e.generate.remote([5] * 32, SamplingConfig(max_tokens=4)) for [e] in engines.values()], timeout=600)
+        t0 = time.perf_counter()
+        ray.get([of_policy[s.policy].generate.remote(s.prompt_ids, SamplingConfig(
+            temperature=cfg.sampling.temperature, max_tokens=len(s.completion_ids), ignore_eos=True), seed=i)
+                 for i, s in enumerate(s for t in traces for s in t.sequences if s.completion_ids)], timeout=1800)
+        return time.perf_counter() - t0
+    finally:
+        for pool in engines.values():
+            for e in pool:
+                ray.kill(e)
+
+
+def plain_train_s(cfg, traces) -> tuple[float, int]:
+    """Seconds of the plain torch loop (scripts/bench/learner.py::PlainLoop) over the micro-batches
+    each trained policy's learners got from `traces` (the best of two, after a warm-up), and the
+    trained weights' bytes."""
+    from learner import PlainLoop  # scripts/bench/learner.py
+
+    a, total, nbytes = cfg.algorithm, 0.0, 0
+    for p in cfg.trainable_policies():
+        mine = [t.only_policy(p) for t in traces]
+        rows = build_rows(mine, compute_advantages(mine, a.advantage),
+                          token_weights(mine, a.loss.normalization, a.loss.constant), merge=a.merge_prefixes,
+                          skip_zero_advantage=a.loss.kl_coef == 0)
+        path = resolve_model(cfg.policy_model(p).name, cfg.policy_model(p).path)
+        mbs = pack(rows, cfg.policy_learner(p).micro_batch_tokens, ChatFormat.from_pretrained(path).pad_id)
+        loop = ray.remote(num_cpus=1)(PlainLoop).remote(path, max(cfg.policy_learner(p).torch_threads, 1))
+        try:
+            nbytes += ray.get(loop.nbytes.remote(), timeout=600)
+            times = [ray.get(loop.step.remote(mbs), timeout=1800) for _ in range(3)] if mbs else [0.0]
+        finally:
+            ray.kill(loop)
+        total += min(times[1:] or times)
+    return total, nbytes
+
+
+def speed_of_light(model: str, overrides: list[str], steps: int) -> dict:
+    run_dir = tempfile.mkdtemp(prefix="bench-e2e-sol-")
+    cfg = compose("train", ["experiment=smollm2_solver_verifier", f"model={model}", *overrides, f"run_dir={run_dir}",
+                            f"trainer.steps={steps}", "trainer.rollouts_every=1", "trainer.save_every=0", "eval.size=0",
+                            "logger=disabled"])
+    t0 = time.time()
+    summary = train(cfg)
+    run_s = time.time() - t0
+    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    m = [r for r in rows if "perf/step_s" in r][-1]
+    traces = list(read_jsonl(Path(run_dir) / "rollouts" / f"step_{steps}.jsonl"))
+    print(f"[bench] step {steps}: {m['perf/step_s']:.1f} s; measuring its speed of light", flush=True)
+
+    engine_s = engines_alone_s(cfg, traces)
+    plain_s, nbytes = plain_train_s(cfg, traces)
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    copies = []
+    for _ in range(3):
+        c0 = time.perf_counter()
+        src.copy()
+        copies.append(time.perf_counter() - c0)
+    copy_s = min(copies)
+    light = engine_s + plain_s + copy_s
+    step_s, wait, train_s, sync_s = m["perf/step_s"], m["perf/rollout_wait_s"], m["perf/train_s"], m["perf/sync_s"]
+    return {"model": model, "overrides": overrides, "step": steps, "step_s": round(step_s, 2),
+            "speed_of_light_s": round(light, 2), "step_over_speed_of_light": round(step_s / light, 2),
+            "generated_tokens": m["rollout/generated_tokens"], "trained_tokens": m["train/trained_tokens"],
+            "parts": {  # the step's seconds and what the same work costs alone
+                "rollout": {"step_s": round(wait, 2), "engine_alone_s": round(engine_s, 2),
+                            "engines_busy_s": round(m["perf/engine_busy_s"], 2),
+                            "engines_idle_s": round(m["perf/engine_idle_s"], 2)},
+                "train": {"step_s": round(train_s, 2), "plain_loop_s": round(plain_s, 2)},
+                "sync": {"step_s": round(sync_s, 2), "memcpy_s": round(copy_s, 3), "bytes": nbytes},
+                "loop_other_s": round(step_s - wait - train_s - sync_s, 2)},
+            "run_s": round(run_s, 1), "final_reward": round(m["rollout/reward"], 3),
+            "trainable_policies": summary["trainable_policies"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compare", choices=sorted(VARIANTS), default="staleness")
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--model", help="the speed of light of `make train`'s config with this model")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; 3 with --model)")
     ap.add_argument("overrides", nargs="*", help="hydra overrides for both variants")
     args = ap.parse_args()
+    if args.model:
+        start_ray(RayConfig(num_cpus=4))
+        result = speed_of_light(args.model, args.overrides, args.steps or 3)
+        ray.shutdown()
+        print(json.dumps({"bench": "e2e", "compare": "speed_of_light", **result}))
+        return
+    args.steps = args.steps or 12
     defaults, variants = VARIANTS[args.compare]
     overrides = args.overrides or defaults
     start_ray(RayConfig(num_cpus=4))

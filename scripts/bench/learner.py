@@ -81,6 +81,9 @@ class PlainLoop:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
 
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
     def step(self, mbs) -> float:
         """Seconds of one optimizer step over `mbs`, timed inside this process."""
         t0 = time.perf_counter()

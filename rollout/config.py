@@ -66,8 +66,10 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences batched per engine step
     block_size: int | None = 32  # KV-cache block (tokens): the prefix cache reuses whole blocks only (vLLM's CPU default, 128, caches no short prompt); null: vLLM's
     # CPU only: the cores vLLM's worker binds its OpenMP threads to: "auto" (vLLM's: one core per
-    # node kept for its scheduler, so ONE core on a 2-core box), "all" (every core this engine may
-    # run on; with tensor_parallel_size k, split in k), or vLLM's list ("0-1", TP ranks split by "|")
+    # node kept for its scheduler, so ONE core on a 2-core box, the same one for every engine),
+    # "all" (every core this engine may run on), "i/n" (the i-th of n equal shares of them, e.g.
+    # 0/2 and 1/2 for two engines that generate at once), or vLLM's list ("0-1", TP ranks split by
+    # "|"); a share is split over tensor_parallel_size ranks
     cpu_cores: str = "auto"
     enforce_eager: bool = True  # skip CUDA graphs / torch.compile (start-up time on CPU)
     start_timeout_s: float = 300.0  # engine start (model load) limit
@@ -344,9 +346,11 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
             raise ValueError(f"{where}.block_size={engine.block_size} must be a multiple of "
                              f"{16 if engine.num_gpus else 32} (vLLM's {'GPU' if engine.num_gpus else 'CPU'} "
                              f"attention), or null for vLLM's default")
-        if not (engine.cpu_cores in ("auto", "all") or re.fullmatch(r"[0-9,\-|]+", engine.cpu_cores)):
-            raise ValueError(f"{where}.cpu_cores={engine.cpu_cores!r}: auto, all, or core ids like 0-1 "
-                             f"(tensor-parallel ranks split by |)")
+        share = re.fullmatch(r"(\d+)/(\d+)", engine.cpu_cores)
+        if not (engine.cpu_cores in ("auto", "all") or (share and int(share[1]) < int(share[2]))
+                or (not share and re.fullmatch(r"[0-9,\-|]+", engine.cpu_cores))):
+            raise ValueError(f"{where}.cpu_cores={engine.cpu_cores!r}: auto, all, i/n (the i-th of n shares of the "
+                             f"cores, i < n), or core ids like 0-1 (tensor-parallel ranks split by |)")
         lora = table[policy].lora
         if lora is not None:
             where = f"policies.{policy}.lora"

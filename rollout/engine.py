@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -59,16 +60,20 @@ def bind_cpu_cores(cfg: EngineConfig) -> None:
     (`engine.cpu_cores`); the CUDA build ignores it."""
     if cfg.num_gpus > 0 or cfg.cpu_cores == "auto":
         return
-    if cfg.cpu_cores == "all":
-        cores = sorted(os.sched_getaffinity(0))
-        k = cfg.tensor_parallel_size
-        if len(cores) < k:
-            raise ValueError(f"engine.cpu_cores=all: {len(cores)} cores for tensor_parallel_size={k}")
-        per = len(cores) // k
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
-            ",".join(map(str, cores[r * per:(r + 1) * per])) for r in range(k))
-    else:
+    share = re.fullmatch(r"(\d+)/(\d+)", "0/1" if cfg.cpu_cores == "all" else cfg.cpu_cores)
+    if share is None:  # vLLM's own list
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_cores
+        return
+    i, n = map(int, share.groups())
+    cores = sorted(os.sched_getaffinity(0))
+    mine = cores[i * len(cores) // n:(i + 1) * len(cores) // n]
+    k = cfg.tensor_parallel_size
+    if len(mine) < k:
+        raise ValueError(f"engine.cpu_cores={cfg.cpu_cores}: {len(mine)} of this node's {len(cores)} cores for "
+                         f"tensor_parallel_size={k}")
+    per = len(mine) // k
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+        ",".join(map(str, mine[r * per:(r + 1) * per])) for r in range(k))
 
 
 def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",

@@ -212,7 +212,7 @@ def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
     (["sync.method=rdma"], r"sync.method"),
     (["engine.block_size=16"], r"engine.block_size=16 must be a multiple of 32 \(vLLM's CPU attention\)"),
     (["agents.verifier=critic", "+policies.critic.engine.cpu_cores=half"],
-     r"policies.critic.engine.cpu_cores='half': auto, all, or core ids like 0-1"),
+     r"policies.critic.engine.cpu_cores='half': auto, all, i/n \(the i-th of n shares"),
 ])
 def test_policy_config_errors_name_the_key_and_the_fix(overrides, msg):
     with pytest.raises((ValueError, ConfigCompositionException), match=msg):

@@ -92,9 +92,10 @@ def engines_alone_s(cfg, traces) -> float:
                  for i, s in enumerate(s for t in traces for s in t.sequences if s.completion_ids)], timeout=1800)
         return time.perf_counter() - t0
     finally:
-        for pool in engines.values():
-            for e in pool:
-                ray.kill(e)
+        everyone = [e for pool in engines.values() for e in pool]
+        ray.wait([e.shutdown.remote() for e in everyone], num_returns=len(everyone), timeout=60)
+        for e in everyone:
+            ray.kill(e)
 
 
 def plain_train_s(cfg, traces) -> tuple[float, int]:

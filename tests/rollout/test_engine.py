@@ -112,6 +112,33 @@ def test_the_step_clock_accounts_for_every_token_and_fits_in_the_busy_time(engin
     assert 0 < d["prefill_s"] and 0 < d["decode_s"] and d["prefill_s"] + d["decode_s"] <= busy + 1e-3, (d, busy)
 
 
+def test_cpu_cores_give_each_engine_its_share_of_the_cores(monkeypatch):
+    """engine.cpu_cores -> VLLM_CPU_OMP_THREADS_BIND, read by vLLM's CPU worker when it starts."""
+    import os
+
+    from rollout.config import EngineConfig
+    from rollout.engine import bind_cpu_cores
+
+    cores = sorted(os.sched_getaffinity(0))
+    half = len(cores) // 2
+
+    def bound(**kw):
+        monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+        bind_cpu_cores(EngineConfig(**kw))
+        return os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+
+    assert bound(cpu_cores="auto") is None  # vLLM's own binding
+    assert bound(cpu_cores="all") == ",".join(map(str, cores))
+    assert bound(cpu_cores="0/2") == ",".join(map(str, cores[:half]))
+    assert bound(cpu_cores="1/2") == ",".join(map(str, cores[half:]))
+    assert bound(cpu_cores="all", tensor_parallel_size=2) == "|".join(
+        ",".join(map(str, part)) for part in (cores[:half], cores[half:2 * half]))
+    assert bound(cpu_cores="0-1") == "0-1"
+    assert bound(cpu_cores="all", num_gpus=1) is None  # the CUDA build binds nothing
+    with pytest.raises(ValueError, match="cores for tensor_parallel_size=4"):
+        bound(cpu_cores=f"0/{len(cores)}", tensor_parallel_size=4)
+
+
 def test_prompt_too_long_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="exceeds model.max_model_len"):
         ray.get(engine.generate.remote([5] * 2040, SamplingConfig(max_tokens=64)))

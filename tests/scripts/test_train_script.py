@@ -17,7 +17,7 @@ def train(*args, timeout=900):
 
 @pytest.mark.slow
 def test_smoke_experiment_learns_in_sync_mode(tmp_path):
-    proc = train("experiment=smoke", f"run_dir={tmp_path}")
+    proc = train("experiment=smoke", f"run_dir={tmp_path}", "trainer.rollouts_every=10")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 20 and summary["eval_size"] == 32
@@ -44,6 +44,10 @@ def test_smoke_experiment_learns_in_sync_mode(tmp_path):
             assert 0 < m["perf/engine_prefill_s"] + m["perf/engine_decode_s"] <= m["perf/engine_busy_s"] + 1e-3, m
             assert m["perf/engine_busy_s"] <= m["perf/rollout_window_s"] and m["rollout/decode_steps"] > 0, m
     assert "engines busy" in proc.stdout
+    # trainer.rollouts_every=10: steps 10 and 20 wrote the traces they trained on, no other step
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_10.jsonl", "step_20.jsonl"]
+    written = list(read_jsonl(tmp_path / "rollouts/step_20.jsonl"))
+    assert len(written) == last["rollout/traces"] and written[0].sequences[0].completion_ids
     assert (tmp_path / "config.yaml").exists()
     assert (tmp_path / "checkpoints/step_000020/main/hf/model.safetensors").exists()
 

@@ -32,7 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import ray
 
 from rollout.client import ChatFormat
@@ -44,6 +43,8 @@ from trainer.advantages import compute_advantages
 from trainer.config import compose
 from trainer.loop import train
 from trainer.packing import build_rows, pack, token_weights
+
+from learner import PlainLoop, memcpy_s  # scripts/bench/learner.py (this script's folder is on sys.path)
 
 VARIANTS = {  # name -> (default overrides, {variant: its overrides})
     "staleness": (["experiment=smoke"], {"sync": ["trainer.max_staleness=0"], "async": ["trainer.max_staleness=1"]}),
@@ -83,16 +84,17 @@ def engines_alone_s(cfg, traces) -> float:
     spec = {pool: (resolve_model(cfg.policy_model(ps[0]).name, cfg.policy_model(ps[0]).path), cfg.policy_model(ps[0]),
                    cfg.pool_engine(ps)) for pool, ps in pools.items()}
     engines = spawn_engines(spec, seed=cfg.seed)
-    of_policy = {p: engines[pool][0] for pool, ps in pools.items() for p in ps}
+    of_policy = {p: engines[pool] for pool, ps in pools.items() for p in ps}
+    everyone = [e for pool in engines.values() for e in pool]
+    seqs = [s for t in traces for s in t.sequences if s.completion_ids]
     try:
-        ray.get([e.generate.remote([5] * 32, SamplingConfig(max_tokens=4)) for [e] in engines.values()], timeout=600)
+        ray.get([e.generate.remote([5] * 32, SamplingConfig(max_tokens=4)) for e in everyone], timeout=600)
         t0 = time.perf_counter()
-        ray.get([of_policy[s.policy].generate.remote(s.prompt_ids, SamplingConfig(
+        ray.get([of_policy[s.policy][i % len(of_policy[s.policy])].generate.remote(s.prompt_ids, SamplingConfig(
             temperature=cfg.sampling.temperature, max_tokens=len(s.completion_ids), ignore_eos=True), seed=i)
-                 for i, s in enumerate(s for t in traces for s in t.sequences if s.completion_ids)], timeout=1800)
+                 for i, s in enumerate(seqs)], timeout=1800)
         return time.perf_counter() - t0
     finally:
-        everyone = [e for pool in engines.values() for e in pool]
         ray.wait([e.shutdown.remote() for e in everyone], num_returns=len(everyone), timeout=60)
         for e in everyone:
             ray.kill(e)
@@ -102,8 +104,6 @@ def plain_train_s(cfg, traces) -> tuple[float, int]:
     """Seconds of the plain torch loop (scripts/bench/learner.py::PlainLoop) over the micro-batches
     each trained policy's learners got from `traces` (the best of two, after a warm-up), and the
     trained weights' bytes."""
-    from learner import PlainLoop  # scripts/bench/learner.py
-
     a, total, nbytes = cfg.algorithm, 0.0, 0
     for p in cfg.trainable_policies():
         mine = [t.only_policy(p) for t in traces]
@@ -137,13 +137,7 @@ def speed_of_light(model: str, overrides: list[str], steps: int) -> dict:
 
     engine_s = engines_alone_s(cfg, traces)
     plain_s, nbytes = plain_train_s(cfg, traces)
-    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    copies = []
-    for _ in range(3):
-        c0 = time.perf_counter()
-        src.copy()
-        copies.append(time.perf_counter() - c0)
-    copy_s = min(copies)
+    copy_s = memcpy_s(nbytes)
     light = engine_s + plain_s + copy_s
     step_s, wait, train_s, sync_s = m["perf/step_s"], m["perf/rollout_wait_s"], m["perf/train_s"], m["perf/sync_s"]
     return {"model": model, "overrides": overrides, "step": steps, "step_s": round(step_s, 2),

@@ -160,6 +160,17 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
     return out
 
 
+def memcpy_s(nbytes: int, rounds: int = 3) -> float:
+    """Seconds of a plain in-memory copy of `nbytes` (best of `rounds`): a weight sync's floor."""
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    copies = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        src.copy()
+        copies.append(time.perf_counter() - t0)
+    return min(copies)
+
+
 def section_c(model_name: str, rounds: int = 3) -> dict:
     """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners, and each
     sync method side by side (the collective one after its previous snapshot export finished, as in
@@ -183,14 +194,7 @@ def section_c(model_name: str, rounds: int = 3) -> dict:
                            "snapshot_wait_s": round(snapshot_s, 3)})}
         print(model_name, "c", method, out[method], flush=True)
     nbytes = int(results[0]["bytes"])
-    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    copies = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        dst = src.copy()
-        copies.append(time.perf_counter() - t0)
-    del dst
-    copy_s = min(copies)
+    copy_s = memcpy_s(nbytes, rounds)
     out.update(bytes=nbytes, memcpy_s=round(copy_s, 4), memcpy_bytes_per_s=round(nbytes / copy_s))
     for method in ("object_store", "collective"):
         out[method]["over_memcpy"] = round(out[method]["sync_s"] / copy_s, 1)

@@ -18,6 +18,7 @@ the trainer can merge them into one training row.
 from __future__ import annotations
 
 import dataclasses
+import json
 import zlib
 from typing import Protocol
 
@@ -59,8 +60,13 @@ class ChatFormat:
         """The id that pads training rows (the tokenizer's pad token, else its EOS)."""
         return self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
 
-    def _text(self, messages: list[Message], add_generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False,
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders tool definitions and tool calls itself."""
+        return "tools" in self.tok.chat_template and "tool_calls" in self.tok.chat_template
+
+    def _text(self, messages: list[Message], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, tools=tools,
                                             add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
@@ -69,9 +75,10 @@ class ChatFormat:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
-    def render(self, messages: list[Message]) -> list[int]:
-        """Token ids of a fresh prompt: the messages plus the assistant generation header."""
-        return self.encode(self._text(messages, add_generation_prompt=True))
+    def render(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a fresh prompt: the messages (and `tools`, for a template that renders
+        them) plus the assistant generation header."""
+        return self.encode(self._text(messages, add_generation_prompt=True, tools=tools))
 
     def continuation(self, last_ids: list[int], messages: list[Message]) -> list[int]:
         """Ids that follow a generated assistant turn ending in `last_ids[-1]`:
@@ -84,7 +91,7 @@ class ChatFormat:
         """
         ended = bool(last_ids) and last_ids[-1] in self._special
         end = self.tok.decode(last_ids[-1:]) if ended else ""
-        key = (end, tuple((m["role"], m["content"]) for m in messages))
+        key = (end, json.dumps(messages, sort_keys=True))
         if key not in self._tails:
             base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARK}]
             text = self._text(base + list(messages), add_generation_prompt=True)
@@ -140,7 +147,7 @@ class Agent:
         index = self._recorder.record(Sequence(
             prompt_ids=prompt_ids, completion_ids=c.completion_ids, logprobs=c.logprobs,
             agent=self.role, policy=self.policy, version=c.version, trainable=self.trainable,
-            finish_reason=c.finish_reason, parent=parent))
+            finish_reason=c.finish_reason, parent=parent, temperature=params.temperature))
         return c, index
 
     async def chat(self, messages: str | list[Message], system: str | None = None,

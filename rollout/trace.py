@@ -72,6 +72,9 @@ class Sequence(msgspec.Struct, forbid_unknown_fields=True):
     finish_reason: str = "stop"  # stop | length | abort
     reward: float | None = None  # optional per-turn reward
     parent: int | None = None  # index (in the trace) of the sequence this one continues
+    # The temperature it was sampled at; the learner scores it at that temperature (the log-probs
+    # above are of that distribution). None (older traces) or 0 (greedy): the run's loss temperature.
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         _check_ids("prompt_ids", self.prompt_ids)
@@ -99,6 +102,10 @@ class Sequence(msgspec.Struct, forbid_unknown_fields=True):
             self.reward = _number("reward", self.reward)
         if self.parent is not None and type(self.parent) is not int:
             _fail("parent", self.parent, "an int (an earlier sequence's index) or None")
+        if self.temperature is not None:
+            self.temperature = _number("temperature", self.temperature)
+            if self.temperature < 0:
+                _fail("temperature", self.temperature, "a sampling temperature >= 0, or None")
 
     @property
     def num_tokens(self) -> int:

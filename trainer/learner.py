@@ -280,9 +280,10 @@ class Learner:
         for g, lr in zip(opt.param_groups, lrs):
             g["lr"] = lr
 
-    def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None) -> list[float]:
-        """Learner log-probs of input_ids[start:] at the current weights (of `adapter` on the base);
-        collective under ZeRO-3."""
+    def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None,
+                 temperature: float | None = None) -> list[float]:
+        """Learner log-probs of input_ids[start:] at the current weights (of `adapter` on the base),
+        at `temperature` (default: the loss's); collective under ZeRO-3."""
         import torch
 
         from trainer.losses import token_logprobs
@@ -291,7 +292,8 @@ class Learner:
         ids = torch.tensor([input_ids], device=self.device)
         with torch.no_grad():
             logits = eng(input_ids=ids).logits
-        return token_logprobs(logits, ids, self.loss_cfg.temperature)[0, start:].float().tolist()
+        temperature = temperature or self.loss_cfg.temperature
+        return token_logprobs(logits, ids, temperature)[0, start:].float().tolist()
 
     # ------------------------------------------------------- weights & state
     def export_weights(self, bucket_bytes: int = 64 << 20, adapter: str | None = None) -> list[bytes] | None:

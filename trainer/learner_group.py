@@ -128,9 +128,11 @@ class LearnerGroup:
         not waited for: the engines receive at the same time."""
         return [r.broadcast_weights.remote(layout) for r in self.ranks]
 
-    def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None) -> list[float]:
+    def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None,
+                 temperature: float | None = None) -> list[float]:
         adapter = self._adapter(adapter)
-        return self.collect("logprobs", [r.logprobs.remote(input_ids, start, adapter) for r in self.ranks])[0]
+        return self.collect("logprobs", [r.logprobs.remote(input_ids, start, adapter, temperature)
+                                         for r in self.ranks])[0]
 
     def save(self, path: str, adapter: str | None = None) -> None:
         adapter = self._adapter(adapter)

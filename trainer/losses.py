@@ -44,18 +44,11 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return torch.nn.functional.pad(logp, (1, 0))
 
 
-def entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Per-position entropy of the sampling distribution, (rows, T), column 0 is 0; no grad."""
-    with torch.no_grad():
-        logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-        ent = -(logp.exp() * logp).sum(-1)
-    return torch.nn.functional.pad(ent, (1, 0))
-
-
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 weights: torch.Tensor, cfg: LossConfig,
                 ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Weighted clipped policy-gradient loss over (rows, T) tensors; returns (loss, sums for metrics).
+    """Weighted clipped policy-gradient loss over same-shaped tensors (e.g. (rows, T), or the trained
+    tokens only); returns (loss, sums for metrics).
 
     The loss is a plain weighted SUM: the normalisation lives in `weights`, so
     summing partial losses over micro-batches and ranks gives the batch loss.
@@ -91,19 +84,54 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     return loss, metrics
 
 
-def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None,
-                    device: str | torch.device = "cpu") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Forward one packed MicroBatch through a causal LM and return `policy_loss` (+ entropy sum)."""
+def _next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, at: torch.Tensor,
+                       only_there: bool = True) -> torch.Tensor:
+    """Next-token logits at the positions `at` ((rows, T) bool) only, as (N, vocab).
+
+    With `only_there` the output head runs on those positions' hidden states alone (a pre-hook
+    on it picks them): on a full-vocabulary head that skips most of the head's matmul and keeps
+    the (rows, T, vocab) logits, and every softmax pass over them, out of memory. Otherwise (or
+    for a model without an output-embedding module) the whole batch's logits are indexed.
+    """
+    inner = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
+    head = inner.get_output_embeddings() if only_there and hasattr(inner, "get_output_embeddings") else None
+    if head is None:
+        return model(input_ids=ids, attention_mask=mask).logits[at]
+    handle = head.register_forward_pre_hook(lambda _module, args: (args[0][at], *args[1:]))
+    try:
+        return model(input_ids=ids, attention_mask=mask).logits
+    finally:
+        handle.remove()
+
+
+def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | torch.device = "cpu",
+                    only_trained: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Forward one packed MicroBatch through a causal LM and return `policy_loss` (+ entropy sum).
+
+    Only the trained tokens are scored: each at the temperature it was sampled at (the
+    micro-batch's `temperatures`; 0 there means `cfg.temperature`). `only_trained=False` computes
+    the logits of every position first (the same numbers, slower: for benchmarks and tests).
+    """
     ids = torch.as_tensor(mb.input_ids, device=device)
     mask = torch.as_tensor(mb.attention_mask, device=device)
     weights = torch.as_tensor(mb.weights, device=device)
-    logits = model(input_ids=ids, attention_mask=mask).logits  # (rows, T, vocab)
-    logp = token_logprobs(logits, ids, cfg.temperature)
+    target = weights != 0  # (rows, T): token t is trained, predicted from position t - 1
+    source = torch.nn.functional.pad(target[:, 1:], (0, 1))  # the same tokens, by the predicting position
+    temp = torch.as_tensor(mb.temperatures, device=device)[target]
+    temp = torch.where(temp > 0, temp, torch.full_like(temp, cfg.temperature))[:, None]
+    labels = ids[target][:, None]
+
+    def scored(m) -> torch.Tensor:  # (N, vocab) log-probs of the trained tokens' distributions
+        return torch.log_softmax(_next_token_logits(m, ids, mask, source, only_trained).float() / temp, dim=-1)
+
+    logp_all = scored(model)
+    logp = logp_all.gather(-1, labels).squeeze(-1)
     ref_logp = None
     if ref_model is not None and cfg.kl_coef > 0:
         with torch.no_grad():
-            ref_logp = token_logprobs(ref_model(input_ids=ids, attention_mask=mask).logits, ids, cfg.temperature)
-    loss, metrics = policy_loss(logp, torch.as_tensor(mb.old_logprobs, device=device),
-                                torch.as_tensor(mb.advantages, device=device), weights, cfg, ref_logp)
-    metrics["entropy"] = (entropy(logits, cfg.temperature) * (weights != 0)).sum()
+            ref_logp = scored(ref_model).gather(-1, labels).squeeze(-1)
+    loss, metrics = policy_loss(logp, torch.as_tensor(mb.old_logprobs, device=device)[target],
+                                torch.as_tensor(mb.advantages, device=device)[target], weights[target], cfg, ref_logp)
+    with torch.no_grad():
+        metrics["entropy"] = -(logp_all.exp() * logp_all).sum()
     return loss, metrics

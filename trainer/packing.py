@@ -13,8 +13,8 @@
    length), longest first, so padding stays small.
 
 Alignment: in a row, position t holds token `input_ids[t]`; its weight,
-advantage and behaviour log-prob describe predicting that token from
-positions < t. Position 0 is never trained.
+advantage, behaviour log-prob and sampling temperature describe predicting
+that token from positions < t. Position 0 is never trained.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class Row:
     weights: list[float]  # (T,) loss weight of each target token; 0 = not trained
     advantages: list[float]  # (T,)
     old_logprobs: list[float]  # (T,) behaviour log-probs from the engine (0 where untrained)
+    temperatures: list[float]  # (T,) the temperature each token was sampled at (0: the loss's own)
     trace: str  # trace id
     policy: str
     sequences: list[int] = field(default_factory=list)  # indices in the trace, in order
@@ -59,6 +60,7 @@ class MicroBatch:
     weights: np.ndarray  # (rows, T) float32
     advantages: np.ndarray  # (rows, T) float32
     old_logprobs: np.ndarray  # (rows, T) float32
+    temperatures: np.ndarray  # (rows, T) float32; 0: the loss's temperature
 
     @property
     def num_tokens(self) -> int:
@@ -118,7 +120,7 @@ def build_rows(traces: list[Trace], advantages: list[list[float]], weights: list
                 if w != 0.0 and not (skip_zero_advantage and a == 0.0)]
         chains = prefix_chains(trace.sequences, live) if merge else [[i] for i in live]
         for chain in chains:
-            row = Row([], [], [], [], trace.id, trace.sequences[chain[0]].policy)
+            row = Row([], [], [], [], [], trace.id, trace.sequences[chain[0]].policy)
             for i in chain:  # each prompt starts with the row so far: append only what is new
                 s, a, w = trace.sequences[i], advs[i], ws[i]
                 gap = len(s.prompt_ids) - len(row.input_ids)  # new prompt / observation tokens
@@ -126,6 +128,7 @@ def build_rows(traces: list[Trace], advantages: list[list[float]], weights: list
                 row.weights += [0.0] * gap + [w] * len(s.completion_ids)
                 row.advantages += [0.0] * gap + [a] * len(s.completion_ids)
                 row.old_logprobs += [0.0] * gap + list(s.logprobs)
+                row.temperatures += [0.0] * gap + [s.temperature or 0.0] * len(s.completion_ids)
                 row.sequences.append(i)
                 row.unmerged_tokens += s.num_tokens
             rows.append(row)
@@ -152,17 +155,17 @@ def _pad(rows: list[Row], pad_id: int) -> MicroBatch:
     shape = (len(rows), max(len(r.input_ids) for r in rows))
     ids = np.full(shape, pad_id, dtype=np.int64)
     mask = np.zeros(shape, dtype=np.int64)
-    w, adv, old = (np.zeros(shape, dtype=np.float32) for _ in range(3))
+    w, adv, old, temp = (np.zeros(shape, dtype=np.float32) for _ in range(4))
     for i, r in enumerate(rows):
         n = len(r.input_ids)
         ids[i, :n], mask[i, :n] = r.input_ids, 1
-        w[i, :n], adv[i, :n], old[i, :n] = r.weights, r.advantages, r.old_logprobs
-    return MicroBatch(ids, mask, w, adv, old)
+        w[i, :n], adv[i, :n], old[i, :n], temp[i, :n] = r.weights, r.advantages, r.old_logprobs, r.temperatures
+    return MicroBatch(ids, mask, w, adv, old, temp)
 
 
 def empty_microbatch(pad_id: int = 0) -> MicroBatch:
     """A micro-batch that trains nothing: pads a rank's share so all ranks step together."""
-    row = Row([pad_id, pad_id], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], "", "")
+    row = Row([pad_id, pad_id], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], "", "")
     return _pad([row], pad_id)
 
 

@@ -15,6 +15,9 @@
     seconds per weight sync of one trained policy, and the learner RSS of two adapter
     policies (one learner group holding the base once) vs two full policies after one
     optimizer step each.
+(e) the loss over the trained tokens only (the output head and its softmax at those
+    positions) vs over every position, the plain loop, rows shaped like the single_turn
+    run's (a chat prompt of ~64 tokens, 24 generated); the two take turns step by step.
 The last output line is one JSON object.
 """
 
@@ -45,9 +48,9 @@ from trainer.policy import TrainedPolicy, trained_policies
 
 
 def conversation_trace(fmt: ChatFormat, vocab: int, turns: int, gen: int, obs: int, rng: random.Random,
-                       tid: str) -> Trace:
+                       tid: str, question: str = "Solve the task step by step.") -> Trace:
     """One agent's multi-turn conversation: `turns` sequences, each extending the last exactly."""
-    prompt = fmt.render([{"role": "user", "content": "Solve the task step by step."}])
+    prompt = fmt.render([{"role": "user", "content": question}])
     seqs = []
     for k in range(turns):
         completion = [rng.randrange(10, vocab) for _ in range(gen)]
@@ -84,11 +87,11 @@ class PlainLoop:
     def nbytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    def step(self, mbs) -> float:
+    def step(self, mbs, only_trained: bool = True) -> float:
         """Seconds of one optimizer step over `mbs`, timed inside this process."""
         t0 = time.perf_counter()
         for mb in mbs:
-            microbatch_loss(self.model, mb, LossConfig())[0].backward()
+            microbatch_loss(self.model, mb, LossConfig(), only_trained=only_trained)[0].backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
@@ -202,6 +205,24 @@ def section_c(model_name: str, rounds: int = 3) -> dict:
     return out
 
 
+def section_e(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) -> dict:
+    rng = random.Random(0)
+    question = ("Add these numbers and give the final answer in <answer></answer> tags: "
+                + " + ".join(str(rng.randrange(100)) for _ in range(12)) + ". Show your work briefly.")
+    traces = [conversation_trace(fmt, vocab, 1, 24, 0, rng, f"t{i}", question) for i in range(n_rows)]
+    _, mbs = batches_for(traces, True, budget)
+    loop = PlainLoop(path, 2)
+    times = {True: [], False: []}
+    for _ in range(steps + 1):  # the first round is warm-up
+        for only_trained in times:
+            times[only_trained].append(loop.step(mbs, only_trained))
+    trained = sum(mb.num_trained for mb in mbs)
+    tokens = sum(mb.num_tokens for mb in mbs)
+    best = {k: min(v[1:]) for k, v in times.items()}
+    return {"trained_tokens": trained, "tokens": tokens, "trained_only_s": round(best[True], 3),
+            "every_position_s": round(best[False], 3), "speedup": round(best[False] / best[True], 3)}
+
+
 LORA = ["+policies.a.lora.rank=16", "+policies.b.lora.rank=16"]
 
 
@@ -262,6 +283,9 @@ def main() -> None:
             print(name, "c", res["c_weight_sync"], flush=True)
         if "d" in args.sections:
             res["d_lora"] = section_d(name, fmt, vocab, args.budget)
+        if "e" in args.sections:
+            res["e_loss_positions"] = section_e(path, fmt, vocab, 32, args.steps, 2048)
+            print(name, "e", res["e_loss_positions"], flush=True)
         result[name] = res
     ray.shutdown()
     print(json.dumps(result))

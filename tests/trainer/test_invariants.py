@@ -143,3 +143,40 @@ def test_skipping_zero_advantage_rows_keeps_the_gradient(hf_tiny, traces):
     (n_all, g_all), (n_skip, g_skip) = grads
     assert n_skip == 2 < n_all == 4
     assert ((g_all - g_skip).norm() / g_all.norm()).item() < 1e-5
+
+
+def test_each_sequence_is_scored_at_the_temperature_it_was_sampled_at(hf_tiny, traces):
+    """Sequences sampled at 1.0, 0.5 and 1.3 next to ones with no recorded temperature, in a run
+    whose loss temperature is 0.7: with behaviour log-probs of each one's own distribution the
+    loss is exactly on-policy (every ratio 1); scored at the run's temperature instead, it is not.
+    Scoring the trained positions only gives the loss and gradient of scoring every position."""
+    import msgspec
+
+    cfg = LossConfig(temperature=0.7)
+    chat = traces[0]
+    temps = [1.0, 0.5, None, None, 1.3]  # per sequence; #3 is the frozen judge
+    seqs = [msgspec.structs.replace(s, temperature=t, logprobs=hf_logprobs(
+        hf_tiny, s.prompt_ids, s.completion_ids, temperature=t or cfg.temperature).tolist())
+        for s, t in zip(chat.sequences, temps)]
+    sampled = Trace(chat.id, chat.group, seqs, reward=1.0)
+    blind = Trace(chat.id, chat.group, [msgspec.structs.replace(s, temperature=None) for s in seqs], reward=1.0)
+
+    def step(trace, only_trained=True):
+        [mb] = pack(build_rows([trace], [ADVANTAGES[0]], token_weights([trace], "token")), 4096)
+        hf_tiny.zero_grad()
+        loss, m = microbatch_loss(hf_tiny, mb, cfg, only_trained=only_trained)
+        loss.backward()
+        return loss.item(), m, torch.cat([p.grad.flatten() for p in hf_tiny.parameters()]).clone()
+
+    loss, m, grad = step(sampled)
+    n = sum(len(s.completion_ids) for s in seqs if s.trainable)
+    assert m["tokens"].item() == n
+    assert abs(m["ratio"].item() - n) < 1e-3 and m["ratio_max"].item() < 1 + 1e-4
+    assert abs(m["logp"].item() - sum(sum(s.logprobs) for s in seqs if s.trainable)) < 1e-3
+    assert m["mismatch_kl"].item() < 1e-8
+    _, m_blind, _ = step(blind)
+    assert m_blind["ratio_max"].item() > 1.05, "scored at 0.7, the 1.0 / 0.5 / 1.3 samples are off-policy"
+
+    loss_all, m_all, grad_all = step(sampled, only_trained=False)
+    assert abs(loss_all - loss) < 1e-6 and abs(m_all["entropy"].item() - m["entropy"].item()) < 1e-3
+    assert ((grad_all - grad).norm() / grad.norm()).item() < 1e-5

@@ -152,3 +152,48 @@ def test_bf16_zero2_trains_and_ranks_agree(ray_cluster, tiny_path, fixed_batch):
         assert a == b
     finally:
         g.shutdown()
+
+
+def test_a_sequence_trains_at_the_temperature_it_was_sampled_at(ray_cluster, engine, tiny_path, tiny_tokenizer):
+    """An agent whose sampling default is 0.7 samples one call at 1.0, in a run whose loss
+    temperature is 0.7: the sequence records 1.0, and the learner's log-probs of it, at that
+    temperature, equal the engine's; trained through packing, every importance ratio is 1."""
+    import asyncio
+
+    import msgspec
+
+    from rollout.client import Agent, ChatFormat, TraceRecorder
+    from rollout.config import SamplingConfig
+    from rollout.router import Router
+    from rollout.trace import Trace
+    from tests.conftest import chat_prompt
+    from trainer.packing import build_rows, pack, token_weights
+
+    fmt = ChatFormat(tiny_tokenizer)
+    rec = TraceRecorder("temperature")
+    agent = Agent("solver", "main", Router([engine]), fmt, rec, SamplingConfig(temperature=0.7, max_tokens=24))
+    prompt = chat_prompt(tiny_tokenizer)
+    asyncio.run(agent.generate(prompt, temperature=1.0))
+    [seq] = rec.sequences
+    assert seq.temperature == 1.0 and len(seq.completion_ids) > 4
+
+    cfg = LearnerConfig(world_size=1, num_cpus=1, zero_stage=0, optimizer="sgd", lr=1e-9, grad_clip=0.0)
+    g = LearnerGroup(tiny_path, cfg, LossConfig(temperature=0.7))
+    try:
+        ids = seq.prompt_ids + seq.completion_ids
+        mine = torch.tensor(g.logprobs(ids, len(prompt), temperature=seq.temperature))
+        assert (mine - torch.tensor(seq.logprobs)).abs().max() < 1e-3
+
+        def trained(s) -> dict:
+            trace = Trace("t", "g", [s], reward=1.0)
+            return g.train_step(pack(build_rows([trace], [[1.0]], token_weights([trace], "token")), 4096,
+                                     fmt.pad_id))
+
+        out = trained(seq)
+        assert out["tokens"] == len(seq.completion_ids)
+        assert out["ratio_max"] < 1 + 2e-3 and out["mismatch_kl"] / out["tokens"] < 1e-6
+        # the same sequence without its temperature is scored at the run's 0.7: off-policy
+        blind = trained(msgspec.structs.replace(seq, temperature=None))
+        assert blind["ratio_max"] > 1.05 and blind["mismatch_kl"] / blind["tokens"] > 1e-3
+    finally:
+        g.shutdown()

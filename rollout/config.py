@@ -314,6 +314,9 @@ def validate(cfg: RolloutJobConfig) -> None:
     except TypeError as e:
         raise ValueError(f"harness.options={dict(cfg.harness.options)} do not fit harness {cfg.harness._target_!r}: "
                          f"{e}") from None
+    check_options = getattr(harness, "check_options", None)  # a harness's own checks of its options
+    if check_options is not None:
+        check_options(dict(cfg.harness.options))
     _check_task_source(json.dumps(dataclasses.asdict(cfg.task), sort_keys=True, default=str), cfg.seed)
 
 

@@ -22,7 +22,9 @@ def agent_means(traces: list[Trace]) -> dict[str, float]:
 def trace_metrics(traces: list[Trace], prefix: str) -> dict[str, float]:
     """`<prefix>/traces` (count), `reward` (mean), `success` (share with reward >= 1), `failed`
     and `truncated` (counts), `sequences_per_trace`, `agents_per_trace`, `generated_tokens` (sum), and
-    `<prefix>/reward/<role>` for harnesses with per-agent rewards. Means are 0.0 for no traces."""
+    `<prefix>/reward/<role>` for harnesses with per-agent rewards, `<prefix>/gateway_extended` and
+    `gateway_fresh` (calls that continued an earlier call's ids / were rendered fresh) for agents
+    behind the OpenAI gateway. Means are 0.0 for no traces."""
     n = max(len(traces), 1)
     m = {f"{prefix}/traces": float(len(traces)), f"{prefix}/reward": sum(t.reward for t in traces) / n,
          f"{prefix}/success": sum(t.reward >= 1.0 for t in traces) / n,
@@ -32,4 +34,7 @@ def trace_metrics(traces: list[Trace], prefix: str) -> dict[str, float]:
          f"{prefix}/agents_per_trace": sum(len(t.agents) for t in traces) / n,
          f"{prefix}/generated_tokens": float(sum(t.num_generated_tokens for t in traces))}
     m.update({f"{prefix}/reward/{role}": r for role, r in agent_means(traces).items()})
+    for key in ("gateway_extended", "gateway_fresh"):  # agents behind the OpenAI gateway (rollout/gateway.py)
+        if any(key in t.info for t in traces):
+            m[f"{prefix}/{key}"] = float(sum(t.info.get(key, 0) for t in traces))
     return m

@@ -77,11 +77,13 @@ class RolloutWorker:
                   for role, policy in self.agents.items()}
         start = time.time()
         status, error, result, engine_failed = "ok", None, None, False
+        deadline = asyncio.timeout(self.cfg.timeout_s)
         try:
-            result = as_result(await asyncio.wait_for(
-                self.harness(task, agents, **self.harness_options), self.cfg.timeout_s))
-        except asyncio.TimeoutError:
-            status, error = "failed", f"timeout: harness ran past rollout.timeout_s={self.cfg.timeout_s}"
+            async with deadline:
+                result = as_result(await self.harness(task, agents, **self.harness_options))
+        except TimeoutError as e:  # the run's deadline, or a timeout the harness itself raised
+            status, error = "failed", (f"timeout: harness ran past rollout.timeout_s={self.cfg.timeout_s}"
+                                       if deadline.expired() else _describe(e))
         except EngineError as e:
             status, error, engine_failed = "failed", _describe(e), True
         except Exception as e:  # a harness bug must not take the worker down

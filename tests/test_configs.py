@@ -38,6 +38,10 @@ def test_every_option_composes_and_validates(entry, group, option):
         with pytest.raises(ValueError, match=f"model: path='{cfg.model.path}' is not an HF model folder"):
             validate(cfg)
         return
+    if cfg.harness.name == "openai_agent" and not cfg.harness.options.get("command"):  # the agent is the user's to name
+        with pytest.raises(ValueError, match="harness.options: set exactly one of agent"):
+            validate(cfg)
+        return
     validate(cfg)
     assert set(cfg.harness.roles) <= set(cfg.agents)
     if group == "cluster" and option != "local":
@@ -121,6 +125,19 @@ def test_bad_fault_settings_fail_validation(override, msg):
         validate_train(compose("train", [override]))
     with pytest.raises(ValueError, match="trainer.resume and trainer.overwrite=true contradict"):
         validate_train(compose("train", ["trainer.resume=auto", "trainer.overwrite=true"]))
+
+
+@pytest.mark.parametrize("overrides, msg", [
+    (["harness.options.command=python a.py", "harness.options.agent=examples.calculator_agent.agent"],
+     "set exactly one of agent"),
+    (["harness.options.agent=examples.calculator_agent.nope"], "harness.options.agent=.* cannot be imported"),
+    (["harness.options.agent=examples.calculator_agent.calculator"], "must be an async function"),
+    (["harness.options.command=python a.py", "harness.options.timeout_s=0"], "timeout_s must be > 0"),
+])
+def test_openai_agent_options_are_checked_at_start(overrides, msg):
+    with pytest.raises(ValueError, match=msg):
+        validate_generate(compose("generate", ["harness=openai_agent", *overrides]))
+    validate_generate(compose("generate", ["harness=openai_agent", "harness.options.agent=examples.calculator_agent.agent"]))
 
 
 def test_unmapped_role_fails():

@@ -27,3 +27,12 @@ def test_trace_metrics_per_agent_rewards():
     assert m["rollout/reward"] == 0.0 and m["rollout/success"] == 0.0 and m["rollout/agents_per_trace"] == 2.0
     assert m["rollout/reward/player_a"] == pytest.approx(1 / 3)
     assert m["rollout/reward/player_b"] == pytest.approx(-1 / 3)
+
+
+def test_trace_metrics_count_gateway_calls_only_for_gateway_runs():
+    ts = [trace(1.0), trace(0.0)]
+    assert not any("gateway" in k for k in trace_metrics(ts, "rollout"))
+    ts[0].info.update(gateway_extended=3, gateway_fresh=1)
+    ts[1].info.update(gateway_extended=0, gateway_fresh=2)
+    m = trace_metrics(ts, "rollout")
+    assert m["rollout/gateway_extended"] == 3.0 and m["rollout/gateway_fresh"] == 3.0

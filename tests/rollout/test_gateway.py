@@ -1,0 +1,284 @@
+"""The OpenAI-compatible gateway (rollout/gateway.py) with the `openai` SDK against the real engine
+(tiny model, its real tokenizer and chat template), and the openai_agent harness in a real worker."""
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI, BadRequestError
+
+from rollout.client import Agent, ChatFormat, TraceRecorder
+from rollout.config import HarnessConfig, SamplingConfig
+from rollout.gateway import Gateway, parse_tool_calls
+from rollout.router import Router
+from rollout.trace import Trace
+from trainer.packing import build_rows, token_weights
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Question:  # what an agent function is given: a task with a prompt
+    def __init__(self, prompt):
+        self.prompt = prompt
+
+
+@pytest.fixture(scope="module")
+def gateway_run(engine, tiny_tokenizer):
+    """`gateway_run(fn, traces=1, temperature=1.0, max_tokens=12)`: opens a session per trace over
+    the shared engine (role "solver") and runs `fn(session, client, k)` for each at once, in this
+    process's event loop with the gateway in it. Returns [(recorder, session, result)]."""
+    fmt = ChatFormat(tiny_tokenizer)
+
+    def run(fn, traces=1, temperature=1.0, max_tokens=12):
+        async def main():
+            gateway = Gateway()
+            await gateway.start()
+            try:
+                async def one(k):
+                    rec = TraceRecorder(f"gw-{k}")
+                    agent = Agent("solver", "main", Router([engine]), fmt, rec,
+                                  SamplingConfig(temperature=temperature, max_tokens=max_tokens), seed=3)
+                    with gateway.session({"solver": agent}) as s:
+                        async with AsyncOpenAI(base_url=s.base_url("solver"), api_key="x", max_retries=0) as c:
+                            result = await fn(s, c, k)
+                    return rec, s, result
+
+                return await asyncio.gather(*(one(k) for k in range(traces)))
+            finally:
+                await gateway.stop()
+
+        return asyncio.run(main())
+
+    return run
+
+
+def assert_extends(earlier, later):
+    head = earlier.prompt_ids + earlier.completion_ids
+    assert later.prompt_ids[:len(head)] == head and len(later.prompt_ids) > len(head)
+
+
+def test_example_agent_every_call_is_a_sequence_and_later_turns_extend_exactly(gateway_run, tiny_tokenizer):
+    """examples/calculator_agent.py, unmodified, as a function: its calls (with tools) are the
+    trace's sequences, each later one continuing the earlier one's ids; one training row."""
+    from examples.calculator_agent import SYSTEM, agent
+
+    question = "What is 3 + 4? Answer in <answer></answer> tags."
+    [(rec, session, answer)] = gateway_run(lambda s, c, k: agent(Question(question), s.base_url("solver"), "x"))
+    seqs = rec.sequences
+    assert len(seqs) >= 2 and isinstance(answer, str)
+    assert answer == ChatFormat(tiny_tokenizer).decode(seqs[-1].completion_ids)
+    for earlier, later in zip(seqs, seqs[1:]):
+        assert_extends(earlier, later)
+    assert [s.parent for s in seqs] == [None] + list(range(len(seqs) - 1))
+    assert session.fresh == 1 and session.extended == len(seqs) - 1
+    first = tiny_tokenizer.decode(seqs[0].prompt_ids)
+    assert SYSTEM in first and '"name": "calculator"' in first and question in first  # tools in the prompt
+    assert tiny_tokenizer.decode(seqs[-1].prompt_ids).endswith(
+        "<|im_start|>user\nGive your final answer as <answer>...</answer>.<|im_end|>\n<|im_start|>assistant\n")
+    trace = Trace("t", "g", seqs, reward=1.0)
+    [row] = build_rows([trace], [[1.0] * len(seqs)], token_weights([trace], "token"))
+    assert row.input_ids == seqs[-1].prompt_ids + seqs[-1].completion_ids
+
+
+async def three_turns(session, client, k, rewrite=False):
+    """A plain SDK agent: three user turns, each reply appended as returned (or, with `rewrite`,
+    the first reply edited before the third turn)."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Count to {k + 3}."}]
+    for turn in range(3):
+        if turn:
+            messages.append({"role": "user", "content": f"And now turn {turn}?"})
+        if rewrite and turn == 2:
+            messages[2] = {"role": "assistant", "content": "(edited)"}
+        r = await client.chat.completions.create(model="main", messages=messages, max_tokens=8)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    return messages
+
+
+def test_rows_equal_the_same_conversation_written_with_conversation(gateway_run, engine, tiny_tokenizer):
+    """Greedy, so both ways generate the same tokens: the gateway's sequences and row equal those of
+    the same turns written with `Conversation`; an edited history is rendered fresh and starts a
+    new row (counted as fresh)."""
+    [(rec, session, _)] = gateway_run(three_turns, temperature=0.0)
+    assert session.extended == 2 and session.fresh == 1
+
+    async def by_conversation():
+        r = TraceRecorder("conv")
+        agent = Agent("solver", "main", Router([engine]), ChatFormat(tiny_tokenizer), r,
+                      SamplingConfig(temperature=0.0, max_tokens=8))
+        conv = agent.conversation(system="Be brief.")
+        for text in ("Count to 3.", "And now turn 1?", "And now turn 2?"):
+            await conv.reply(text)
+        return r.sequences
+
+    conv = asyncio.run(by_conversation())
+    assert [(s.prompt_ids, s.completion_ids, s.parent) for s in rec.sequences] == \
+        [(s.prompt_ids, s.completion_ids, s.parent) for s in conv]
+    rows = [build_rows([Trace("t", "g", seqs)], [[1.0] * 3], token_weights([Trace("t", "g", seqs)], "token"))
+            for seqs in (rec.sequences, conv)]
+    assert [(r.input_ids, r.weights) for r in rows[0]] == [(r.input_ids, r.weights) for r in rows[1]]
+    assert len(rows[0]) == 1
+
+    [(rec, session, _)] = gateway_run(lambda s, c, k: three_turns(s, c, k, rewrite=True), temperature=0.0)
+    assert session.extended == 1 and session.fresh == 2
+    seqs = rec.sequences
+    assert seqs[2].parent is None and "(edited)" in tiny_tokenizer.decode(seqs[2].prompt_ids)
+    trace = Trace("t", "g", seqs)
+    rows = build_rows([trace], [[1.0] * 3], token_weights([trace], "token"))
+    assert sorted(r.sequences for r in rows) == [[0, 1], [2]]
+
+
+def test_64_concurrent_sessions_on_one_gateway_never_mix(gateway_run, tiny_tokenizer):
+    async def ask(session, client, k):
+        messages = [{"role": "user", "content": f"Question number {k}."}]
+        r = await client.chat.completions.create(model="main", messages=messages, max_tokens=4)
+        messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": f"Again, number {k}."}]
+        r = await client.chat.completions.create(model="main", messages=messages, max_tokens=4, stream=True)
+        return "".join([chunk.choices[0].delta.content or "" async for chunk in r if chunk.choices])
+
+    runs = gateway_run(ask, traces=64, max_tokens=4)
+    for k, (rec, session, streamed) in enumerate(runs):
+        seqs = rec.sequences
+        assert len(seqs) == 2 and session.extended == 1 and session.fresh == 1
+        text = tiny_tokenizer.decode(seqs[1].prompt_ids)
+        assert f"Question number {k}." in text and f"Again, number {k}." in text
+        assert_extends(seqs[0], seqs[1])
+        assert streamed == ChatFormat(tiny_tokenizer).decode(seqs[1].completion_ids)
+
+
+def test_unreproducible_sampling_is_refused_and_temperature_is_recorded(gateway_run):
+    async def calls(session, client, k):
+        refused = []
+        for extra in ({"top_p": 0.9}, {"logit_bias": {"5": 3}}, {"presence_penalty": 0.5},
+                      {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}):
+            with pytest.raises(BadRequestError) as e:
+                await client.chat.completions.create(model="main", messages=[{"role": "user", "content": "hi"}],
+                                                     **extra)
+            refused.append(e.value.body)
+        await client.chat.completions.create(model="main", messages=[{"role": "user", "content": "hi"}],
+                                             temperature=1.0, max_tokens=3, top_p=1.0)
+        return refused
+
+    [(rec, _, refused)] = gateway_run(calls, temperature=0.7)
+    assert [b["param"] for b in refused] == ["top_p", "logit_bias", "presence_penalty", "tool_choice"]
+    assert all("not supported" in b["message"] for b in refused)
+    [seq] = rec.sequences
+    assert seq.temperature == 1.0 and len(seq.completion_ids) <= 3
+
+
+def test_tool_call_parsing():
+    content, calls = parse_tool_calls('ok <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>', "s", 0)
+    assert content == "ok" and calls == [{"id": "call_s_0", "name": "add", "arguments": '{"a": 1}'}]
+    assert parse_tool_calls("<tool_call>not json</tool_call>", "s", 0) == ("<tool_call>not json</tool_call>", [])
+    assert parse_tool_calls("plain", "s", 0) == ("plain", [])
+
+
+def tool_turn(k, expression, result):
+    call = {"id": f"c{k}", "type": "function",
+            "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}}
+    return [{"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{k}", "content": result}]
+
+
+def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, engine_cfg):
+    """SmolLM2-135M-Instruct (its chat template renders no tools: the gateway's text convention),
+    shown two worked examples of calling the calculator, calls it for a new question (greedy):
+    the reply is an OpenAI tool call; sent back with the tool's result, the next prompt is the
+    first call's prompt + completion + the template's tool turn, token for token."""
+    import ray
+
+    from examples.calculator_agent import SYSTEM, TOOLS
+    from rollout.cluster import spawn_engines
+    from rollout.config import ModelConfig
+    from rollout.models import resolve_model
+
+    path = resolve_model("smollm2_135m")
+    [eng] = spawn_engines({"main": (path, ModelConfig(name="smollm2_135m"), engine_cfg)})["main"]
+    fmt = ChatFormat.from_pretrained(path)
+    examples = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 12 + 30?"},
+                *tool_turn(1, "12 + 30", "42"), {"role": "assistant", "content": "<answer>42</answer>"},
+                {"role": "user", "content": "What is 7 * 8?"}, *tool_turn(2, "7 * 8", "56"),
+                {"role": "assistant", "content": "<answer>56</answer>"}, {"role": "user", "content": "What is 17 * 23?"}]
+
+    async def main():
+        gateway = Gateway()
+        await gateway.start()
+        rec = TraceRecorder("tools")
+        agent = Agent("solver", "main", Router([eng]), fmt, rec, SamplingConfig(temperature=0.0, max_tokens=48))
+        try:
+            with gateway.session({"solver": agent}) as s:
+                async with AsyncOpenAI(base_url=s.base_url("solver"), api_key="x", max_retries=0) as client:
+                    messages = list(examples)
+                    r = await client.chat.completions.create(model="main", messages=messages, tools=TOOLS)
+                    first = r.choices[0]
+                    messages.append(first.message.model_dump(exclude_none=True))
+                    for call in first.message.tool_calls or []:
+                        messages.append({"role": "tool", "tool_call_id": call.id, "content": "391"})
+                    r = await client.chat.completions.create(model="main", messages=messages, tools=TOOLS)
+                    return first, r.choices[0], s, rec.sequences
+        finally:
+            await gateway.stop()
+
+    try:
+        first, second, session, sequences = asyncio.run(main())
+    finally:
+        ray.get(eng.shutdown.remote(), timeout=60)
+        ray.kill(eng)
+    assert first.finish_reason == "tool_calls", first.message.content
+    [call] = first.message.tool_calls
+    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "17 * 23"}
+    a, b = sequences
+    assert session.fresh == 1 and session.extended == 1 and session.tool_calls == 1 and b.parent == 0
+    head = a.prompt_ids + a.completion_ids
+    assert b.prompt_ids[:len(head)] == head
+    assert fmt.tok.decode(b.prompt_ids[len(head):]) == "\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"
+    assert second.message.content is not None or second.message.tool_calls
+
+
+def test_openai_agent_harness_runs_the_example_as_a_subprocess_in_a_worker(run_worker):
+    """examples/calculator_agent.py as a program (task on stdin, answer on stdout) in a real
+    RolloutWorker: every trace ok, with the agent's calls as its sequences, the answer scored."""
+    harness = HarnessConfig(_target_="harnesses.openai_agent.openai_agent", name="openai_agent", roles=["solver"],
+                            options={"command": f"python {ROOT / 'examples' / 'calculator_agent.py'}",
+                                     "timeout_s": 120.0})
+    stats, groups, _ = run_worker(harness, {"solver": "main"}, n_tasks=2, timeout_s=150.0, max_tokens=12)
+    traces = [t for g in groups for t in g]
+    assert len(traces) == 4 and stats["traces_failed"] == 0, [t.error for t in traces]
+    for t in traces:
+        assert len(t.sequences) >= 2 and t.info["gateway_extended"] == len(t.sequences) - 1
+        assert t.info["reward_from"] == "verifier" and isinstance(t.info["answer"], str)
+        for earlier, later in zip(t.sequences, t.sequences[1:]):
+            assert_extends(earlier, later)
+
+
+def test_a_hanging_agent_command_is_killed_with_its_children_and_the_trace_fails(run_worker, tmp_path):
+    pids = tmp_path / "pids"
+    hang = (f"import os, subprocess, time; child = subprocess.Popen(['sleep', '300']); "
+            f"open({str(pids)!r} + str(os.getpid()), 'w').write(str(child.pid)); time.sleep(300)")
+    harness = HarnessConfig(_target_="harnesses.openai_agent.openai_agent", name="openai_agent", roles=["solver"],
+                            options={"command": [sys.executable, "-c", hang], "timeout_s": 3.0})
+    t0 = time.monotonic()
+    stats, groups, _ = run_worker(harness, {"solver": "main"}, n_tasks=1, group_size=2, timeout_s=60.0)
+    assert time.monotonic() - t0 < 60
+    traces = [t for g in groups for t in g]
+    assert len(traces) == 2 and all(t.status == "failed" and "timeout_s=3.0" in t.error for t in traces), \
+        [t.error for t in traces]
+    children = [int(p.read_text()) for p in tmp_path.glob("pids*")]
+    parents = [int(p.name.removeprefix("pids")) for p in tmp_path.glob("pids*")]
+    assert len(children) == 2
+    time.sleep(0.5)
+    for pid in children + parents:
+        assert not _alive(pid), f"process {pid} outlived the timeout"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead, only not yet reaped by its parent
+        return f.read().split()[2] != "Z"

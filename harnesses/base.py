@@ -23,6 +23,8 @@ import importlib
 import inspect
 import json
 import math
+import os
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol, Union
@@ -198,8 +200,12 @@ def _reward(value: Any, what: str) -> float:
 
 
 def load_object(target: str, key: str) -> Any:
-    """Import `package.module.name` named by the config key `key`; a clear error if it cannot be."""
+    """Import `package.module.name` named by the config key `key`; a clear error if it cannot be.
+    Modules under the directory the job was launched from import too (Ray's workers have it on
+    their path; a script's own process does not)."""
     module, _, name = target.rpartition(".")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as e:

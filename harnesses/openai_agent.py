@@ -11,7 +11,7 @@ records every call token-exact. It runs one of two ways (`harness.options`):
   task's prompt on stdin and its answer on stdout.
 
 `role` (default: the only role) is the one whose URL the agent gets as its
-base URL. The reward is what the agent POSTed to the reward URL
+base URL. The reward is what the agent POSTed to `<base URL>/reward`
 (`{"reward": r}`), else the task's verifier on the answer. An agent past
 `timeout_s` is killed with its whole process group and the trace fails; so
 does a command that exits non-zero (its stderr's tail is the error).
@@ -40,7 +40,8 @@ async def openai_agent(task, agents, agent: str | None = None, command: str | li
     with gateway.session(agents) as session:
         base_url = session.base_url(role)
         if command is not None:
-            env = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "TRACERL_REWARD_URL": session.reward_url,
+            env = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key,
+                   "TRACERL_REWARD_URL": session.reward_url(role),
                    "TRACERL_BASE_URLS": json.dumps({r: session.base_url(r) for r in agents})}
             answer = await run_command(command, task.prompt, env, timeout_s)
         else:

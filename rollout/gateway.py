@@ -7,8 +7,8 @@ worker's `Gateway` and gives the agent a base URL per role,
     http://127.0.0.1:PORT/s/<session>/<role>/v1
 
 serving `POST .../chat/completions` (with `stream=true` too) and
-`GET .../models`; `POST /s/<session>/reward` lets the agent report its own
-reward. Every completion is a call of that role's `Agent`, so it becomes a
+`GET .../models`; `POST .../reward` (`{"reward": r}`) lets the agent report
+its own reward. Every completion is a call of that role's `Agent`, so it becomes a
 `Sequence` of the session's trace, with its role, policy, version and
 sampling temperature, exactly as for harnesses written against `Agent`.
 
@@ -163,9 +163,8 @@ class Session:
     def base_url(self, role: str) -> str:
         return f"{self.base}/{role}/v1"
 
-    @property
-    def reward_url(self) -> str:
-        return f"{self.base}/reward"
+    def reward_url(self, role: str) -> str:
+        return f"{self.base_url(role)}/reward"
 
     def counts(self) -> dict[str, int]:
         return {"gateway_extended": self.extended, "gateway_fresh": self.fresh, "gateway_tool_calls": self.tool_calls}
@@ -187,6 +186,7 @@ class Gateway:
     """The endpoint of one rollout worker process; `await Gateway.shared()` starts it on first use."""
 
     _shared: Gateway | None = None
+    _starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     def __init__(self, host: str = "127.0.0.1"):
         self.host = host
@@ -194,14 +194,26 @@ class Gateway:
         self.sessions: dict[str, Session] = {}
         self._server = None
         self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def serving(self) -> bool:
+        """Up, and in the event loop that is running now."""
+        loop = asyncio.get_running_loop()
+        return self._loop is loop and self._task is not None and not self._task.done()
 
     @classmethod
     async def shared(cls, start_timeout_s: float = 30.0) -> Gateway:
-        """This process's gateway, started in the running event loop the first time."""
-        if cls._shared is None or cls._shared._task is None or cls._shared._task.done():
-            gateway = cls()
-            await gateway.start(start_timeout_s)
-            cls._shared = gateway
+        """This process's gateway, started in the running event loop the first time (the episodes
+        that ask at once wait for the one start)."""
+        loop = asyncio.get_running_loop()
+        if cls._starting is None or cls._starting[0] is not loop:
+            cls._starting = (loop, asyncio.Lock())
+        async with cls._starting[1]:
+            if cls._shared is None or not cls._shared.serving:
+                gateway = cls()
+                await gateway.start(start_timeout_s)
+                cls._shared = gateway
         return cls._shared
 
     async def start(self, timeout_s: float = 30.0) -> None:
@@ -214,6 +226,7 @@ class Gateway:
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False, timeout_keep_alive=30,
                                 lifespan="off")
         self._server = _Server(config)
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
@@ -250,7 +263,7 @@ class Gateway:
         return Starlette(routes=[
             Route("/s/{session}/{role}/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/s/{session}/{role}/v1/models", self._models, methods=["GET"]),
-            Route("/s/{session}/reward", self._reward, methods=["POST"]),
+            Route("/s/{session}/{role}/v1/reward", self._reward, methods=["POST"]),
         ])
 
     def _lookup(self, request) -> tuple[Session, str]:
@@ -431,7 +444,8 @@ def _template_messages(messages: list[dict], fmt, tools: list[dict] | None) -> l
                                       "function": {"name": c["name"], "arguments": json.loads(c["arguments"])}}
                                      for c in m["tool_calls"]]
             else:
-                msg["content"] = "\n".join([m["content"]] * bool(m["content"]) + [_call_text(c) for c in m["tool_calls"]])
+                blocks = [_call_text(c) for c in m["tool_calls"]]
+                msg["content"] = "\n".join([m["content"], *blocks] if m["content"] else blocks)
         out.append(msg)
     if tools and not native:
         described = _TOOL_PROMPT + "\n".join(json.dumps(t["function"]) for t in tools)

@@ -104,7 +104,7 @@ class TrainedPolicy:
         left out (counted); advantages per sequence, loss weights, exact-prefix rows of its own
         sequences, packed micro-batches, one optimizer step, then the new weights to its engines as
         the next version. Returns train/<policy>/*, sync/<policy>/* and async/<policy>/* metrics, and
-        perf/<policy>/{train,sync}_s."""
+        perf/<policy>/{train,sync,learner}_s."""
         a, p = self.cfg.algorithm, self.name
         lags = [self.staleness(tr) for tr in traces]
         mine = [tr.only_policy(p) for tr, lag in zip(traces, lags) if lag <= max_staleness]
@@ -120,6 +120,7 @@ class TrainedPolicy:
         if batches:
             stats = self.learners.train_step(batches)
             m.update(train_metrics(stats, packing_stats(rows, batches), p))
+            m[f"perf/{p}/learner_s"] = stats["seconds"]  # inside the ranks (the rest of train_s: packing, Ray)
             applied = not self.skipped(stats)
             self.trained_tokens += m[f"train/{p}/trained_tokens"] if applied else 0.0
         train_s = time.perf_counter() - t0

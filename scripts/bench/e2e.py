@@ -59,7 +59,11 @@ VARIANTS = {  # name -> (default overrides, {variant: its overrides})
 
 
 def run_variant(name: str, overrides: list[str], steps: int) -> dict:
-    run_dir = tempfile.mkdtemp(prefix=f"bench-e2e-{name}-")
+    with tempfile.TemporaryDirectory(prefix=f"bench-e2e-{name}-") as run_dir:  # checkpoints: GBs each
+        return _run_variant(name, overrides, steps, run_dir)
+
+
+def _run_variant(name: str, overrides: list[str], steps: int, run_dir: str) -> dict:
     summary = train(compose("train", [*overrides, f"run_dir={run_dir}", f"trainer.steps={steps}", "eval.size=0",
                                       "logger=disabled"]))
     rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -123,7 +127,11 @@ def plain_train_s(cfg, traces) -> tuple[float, int]:
 
 
 def speed_of_light(model: str, overrides: list[str], steps: int) -> dict:
-    run_dir = tempfile.mkdtemp(prefix="bench-e2e-sol-")
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-sol-") as run_dir:  # checkpoints: GBs each
+        return _speed_of_light(model, overrides, steps, run_dir)
+
+
+def _speed_of_light(model: str, overrides: list[str], steps: int, run_dir: str) -> dict:
     cfg = compose("train", ["experiment=smollm2_solver_verifier", f"model={model}", *overrides, f"run_dir={run_dir}",
                             f"trainer.steps={steps}", "trainer.rollouts_every=1", "trainer.save_every=0", "eval.size=0",
                             "logger=disabled"])

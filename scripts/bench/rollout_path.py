@@ -7,6 +7,9 @@ sampling, one run, one after the other:
   vllm:  vLLM's AsyncLLM.generate in this process, all prompts submitted at once.
   path:  the RolloutFleet training uses: RolloutWorker -> Agent client -> Router ->
          Engine actor (Ray), the single_turn harness, traces streamed to the TraceBuffer.
+  gateway: the same fleet with the openai_agent harness: an agent function makes the same
+         single chat call with the `openai` SDK through the worker's OpenAI-compatible
+         gateway (HTTP, rendered to the same prompt ids).
 Each side is warmed up, then timed `--rounds` times; the best round counts.
 The last output line is one JSON object.
 """
@@ -80,6 +83,15 @@ def bench_path(cfg: GenerateJobConfig, n: int, rounds: int) -> list[dict]:
     return results
 
 
+async def one_call(task, base_url: str, api_key: str) -> str:
+    """The gateway side's agent: single_turn's one call, made with the openai SDK."""
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        r = await client.chat.completions.create(model="main", messages=[{"role": "user", "content": task.prompt}])
+        return r.choices[0].message.content
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2_135m")
@@ -90,10 +102,14 @@ def main() -> None:
     args = ap.parse_args()
 
     # ignore_eos: every completion is max_tokens long on both sides, so tok/s compare like for like.
-    cfg = compose("generate", [f"model={args.model}", "harness=single_turn", "task=chain_sum",
-                               f"sampling.max_tokens={args.max_tokens}", f"sampling.temperature={args.temperature}",
-                               "sampling.ignore_eos=true", f"engine.max_num_seqs={max(args.prompts, 8)}",
-                               f"rollout.concurrency={args.prompts}", "rollout.group_size=1", "ray.num_cpus=4"])
+    common = [f"model={args.model}", "task=chain_sum", f"sampling.max_tokens={args.max_tokens}",
+              f"sampling.temperature={args.temperature}", "sampling.ignore_eos=true",
+              f"engine.max_num_seqs={max(args.prompts, 8)}", f"rollout.concurrency={args.prompts}",
+              "rollout.group_size=1", "ray.num_cpus=4"]
+    cfg = compose("generate", ["harness=single_turn", *common])
+    # run from the repo root, like every bench: the workers import the agent from there
+    gateway_cfg = compose("generate", ["harness=openai_agent",
+                                       "harness.options.agent=scripts.bench.rollout_path.one_call", *common])
     model_path = resolve_model(cfg.model.name, cfg.model.path)
     fmt = ChatFormat.from_pretrained(model_path)
     tasks = make_task_source(cfg.task, cfg.seed)
@@ -102,18 +118,21 @@ def main() -> None:
 
     vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
     path_rounds = bench_path(cfg, args.prompts, args.rounds)
+    gateway_rounds = bench_path(gateway_cfg, args.prompts, args.rounds)
 
     def best(rounds):
         return max(r["tokens"] / r["seconds"] for r in rounds)
 
-    vllm_tps, path_tps = best(vllm_rounds), best(path_rounds)
+    vllm_tps, path_tps, gateway_tps = best(vllm_rounds), best(path_rounds), best(gateway_rounds)
     print(f"vLLM generate:    {vllm_tps:8.1f} generated tok/s  rounds={vllm_rounds}")
     print(f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={path_rounds}")
-    print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}")
+    print(f"worker->openai SDK->gateway->engine: {gateway_tps:8.1f} generated tok/s  rounds={gateway_rounds}")
+    print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}  gateway/path: {gateway_tps / path_tps:.3f}")
     print(json.dumps({"bench": "rollout_path", "model": args.model, "prompts": args.prompts,
                       "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
                       "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
-                      "vllm_rounds": vllm_rounds, "path_rounds": path_rounds}))
+                      "gateway_tok_s": round(gateway_tps, 1), "gateway_over_path": round(gateway_tps / path_tps, 3),
+                      "vllm_rounds": vllm_rounds, "path_rounds": path_rounds, "gateway_rounds": gateway_rounds}))
 
 
 if __name__ == "__main__":

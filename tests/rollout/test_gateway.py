@@ -202,7 +202,8 @@ def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, e
     examples = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 12 + 30?"},
                 *tool_turn(1, "12 + 30", "42"), {"role": "assistant", "content": "<answer>42</answer>"},
                 {"role": "user", "content": "What is 7 * 8?"}, *tool_turn(2, "7 * 8", "56"),
-                {"role": "assistant", "content": "<answer>56</answer>"}, {"role": "user", "content": "What is 17 * 23?"}]
+                {"role": "assistant", "content": "<answer>56</answer>"},
+                {"role": "user", "content": "What is 17 * 23?"}]
 
     async def main():
         gateway = Gateway()
@@ -282,3 +283,25 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie is dead, only not yet reaped by its parent
         return f.read().split()[2] != "Z"
+
+
+async def reporting_agent(task, base_url, api_key):
+    """An agent function that reports its own reward (a bad report first: refused)."""
+    import httpx
+
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        r = await client.chat.completions.create(model="main", max_tokens=4,
+                                                 messages=[{"role": "user", "content": task.prompt}])
+    async with httpx.AsyncClient() as http:
+        assert (await http.post(f"{base_url}/reward", json={"reward": "high"})).status_code == 400
+        (await http.post(f"{base_url}/reward", json={"reward": 0.25})).raise_for_status()
+    return r.choices[0].message.content
+
+
+def test_openai_agent_function_mode_takes_the_reward_the_agent_reports(run_harness):
+    """Twice, each in a fresh event loop: the worker's shared gateway starts again in the new one."""
+    for k in range(2):
+        _, seqs, result = run_harness("harnesses.openai_agent.openai_agent", ["agent"], task_index=k,
+                                      agent="tests.rollout.test_gateway.reporting_agent")
+        assert len(seqs) == 1 and result.reward == 0.25 and result.info["reward_from"] == "agent"
+        assert result.info["gateway_fresh"] == 1 and result.info["gateway_extended"] == 0

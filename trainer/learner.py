@@ -233,6 +233,10 @@ class Learner:
         own_norm = None
         skipped_before, own_skip = eng.skipped_steps, False
         for i, mb in enumerate(shard):
+            # The optimizer steps after this shard's last micro-batch, never inside it: DeepSpeed's own
+            # boundary counts micro-steps over the whole run, so it misplaces the boundary once the
+            # number of micro-batches per step changes (every run's does).
+            eng.set_gradient_accumulation_boundary(i == len(shard) - 1)
             loss, metrics = microbatch_loss(eng, mb, self.loss_cfg, self.ref_model, self.device)
             # DeepSpeed averages gradients over ranks: scale back to a sum; no division by GAS.
             eng.backward(loss * self.cfg.world_size, scale_wrt_gas=False)

@@ -120,7 +120,6 @@ class TrainedPolicy:
         if batches:
             stats = self.learners.train_step(batches)
             m.update(train_metrics(stats, packing_stats(rows, batches), p))
-            m[f"perf/{p}/learner_s"] = stats["seconds"]  # inside the ranks (the rest of train_s: packing, Ray)
             applied = not self.skipped(stats)
             self.trained_tokens += m[f"train/{p}/trained_tokens"] if applied else 0.0
         train_s = time.perf_counter() - t0
@@ -130,6 +129,8 @@ class TrainedPolicy:
         else:  # the weights did not change: the engines keep serving this version
             synced = {"seconds": 0.0, "bytes_per_s": 0.0, "bytes": 0.0, "fallbacks": 0.0}
         m.update({f"perf/{p}/train_s": train_s, f"perf/{p}/sync_s": synced["seconds"],
+                  # inside the ranks (the rest of train_s: packing, Ray); 0 when nothing was trained
+                  f"perf/{p}/learner_s": stats["seconds"] if batches else 0.0,
                   f"sync/{p}/seconds": synced["seconds"], f"sync/{p}/bytes_per_s": synced["bytes_per_s"],
                   f"sync/{p}/bytes": synced["bytes"], f"sync/{p}/fallbacks": synced.get("fallbacks", 0.0),
                   f"async/{p}/staleness_mean": float(np.mean(lags or [0])),

@@ -22,6 +22,7 @@ Trace shape: whatever the agent does; every call a sequence.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shlex
@@ -45,7 +46,7 @@ async def openai_agent(task, agents, agent: str | None = None, command: str | li
                    "TRACERL_BASE_URLS": json.dumps({r: session.base_url(r) for r in agents})}
             answer = await run_command(command, task.prompt, env, timeout_s)
         else:
-            fn = load_object(agent, "harness.options.agent")
+            fn = _agent_function(agent)
             try:
                 answer = await asyncio.wait_for(fn(task, base_url, api_key), timeout_s)
             except asyncio.TimeoutError:
@@ -55,6 +56,12 @@ async def openai_agent(task, agents, agent: str | None = None, command: str | li
         reward = session.reward if session.reward is not None else task.score(answer)
         return HarnessResult(reward=reward, info={"answer": answer[-2000:], "reward_from": (
             "agent" if session.reward is not None else "verifier"), **session.counts()})
+
+
+@functools.lru_cache(maxsize=None)
+def _agent_function(path: str):
+    """The agent function at `path`, imported once per worker process."""
+    return load_object(path, "harness.options.agent")
 
 
 def _role(agents, role: str | None) -> str:
@@ -75,7 +82,7 @@ def check_options(options: dict) -> None:
         raise ValueError("harness.options: set exactly one of agent (an async function's dotted path) "
                          "or command (a program to run)")
     if agent is not None:
-        fn = load_object(agent, "harness.options.agent")
+        fn = _agent_function(agent)
         if not asyncio.iscoroutinefunction(fn):
             raise ValueError(f"harness.options.agent={agent!r} must be an async function (task, base_url, api_key)")
     else:

@@ -170,16 +170,16 @@ class Session:
         return {"gateway_extended": self.extended, "gateway_fresh": self.fresh, "gateway_tool_calls": self.tool_calls}
 
 
-class _Server:  # the uvicorn server, without its signal handlers (this is a Ray actor's loop)
-    def __new__(cls, config):
-        import uvicorn
+def _quiet_server(config):
+    """A uvicorn server that leaves signal handling alone (it runs in a Ray actor's event loop)."""
+    import uvicorn
 
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):
-                yield
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
 
-        return Server(config)
+    return Server(config)
 
 
 class Gateway:
@@ -225,7 +225,7 @@ class Gateway:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False, timeout_keep_alive=30,
                                 lifespan="off")
-        self._server = _Server(config)
+        self._server = _quiet_server(config)
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
         deadline = time.monotonic() + timeout_s
@@ -261,9 +261,9 @@ class Gateway:
         from starlette.routing import Route
 
         return Starlette(routes=[
-            Route("/s/{session}/{role}/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/s/{session}/{role}/v1/models", self._models, methods=["GET"]),
-            Route("/s/{session}/{role}/v1/reward", self._reward, methods=["POST"]),
+            Route("/s/{session}/{role}/v1/chat/completions", _answering(self._chat), methods=["POST"]),
+            Route("/s/{session}/{role}/v1/models", _answering(self._models), methods=["GET"]),
+            Route("/s/{session}/{role}/v1/reward", _answering(self._reward), methods=["POST"]),
         ])
 
     def _lookup(self, request) -> tuple[Session, str]:
@@ -278,36 +278,28 @@ class Gateway:
     async def _models(self, request):
         from starlette.responses import JSONResponse
 
-        try:
-            session, role = self._lookup(request)
-        except RequestError as e:
-            return e.response()
+        session, role = self._lookup(request)
         policy = session.roles[role].agent.policy
         return JSONResponse({"object": "list", "data": [{"id": policy, "object": "model", "owned_by": "tracerl"}]})
 
     async def _reward(self, request):
         from starlette.responses import JSONResponse
 
-        try:
-            session, _ = self._lookup(request)
-            body = await _json(request)
-            reward = body.get("reward")
-            if type(reward) not in (int, float) or reward != reward or abs(reward) == float("inf"):
-                raise RequestError("reward must be a finite number", "reward")
-        except RequestError as e:
-            return e.response()
+        session, _ = self._lookup(request)
+        reward = (await _json(request)).get("reward")
+        if type(reward) not in (int, float) or reward != reward or abs(reward) == float("inf"):
+            raise RequestError("reward must be a finite number", "reward")
         session.reward = float(reward)
         return JSONResponse({"reward": session.reward})
 
     async def _chat(self, request):
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import JSONResponse, Response, StreamingResponse
 
-        try:
-            session, role = self._lookup(request)
-            body = await _json(request)
-            result = await self.complete(session, role, body)
-        except RequestError as e:
-            return e.response()
+        session, role = self._lookup(request)
+        body = await _json(request)
+        result = await _unless_disconnected(request, self.complete(session, role, body))
+        if result is None:  # the client left: its generations were aborted, nothing was recorded
+            return Response(status_code=499)
         if body.get("stream"):
             return StreamingResponse(_sse(result, body), media_type="text/event-stream")
         return JSONResponse(result)
@@ -359,6 +351,38 @@ class Gateway:
                           "total_tokens": len(prompt) * n + completion_tokens}}
 
 
+def _answering(handler):
+    """`handler` with a RequestError it raises answered as the OpenAI-style error it describes."""
+    async def endpoint(request):
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return e.response()
+
+    return endpoint
+
+
+async def _unless_disconnected(request, work):
+    """Await `work`, unless the client disconnects first: then it is cancelled (its engine requests
+    are aborted, see rollout/router.py) and None is returned."""
+    work = asyncio.ensure_future(work)
+
+    async def gone():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    left = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait([work, left], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+    return work.result() if not work.cancelled() else None
+
+
 async def _json(request) -> dict:
     try:
         body = await request.json()
@@ -370,22 +394,20 @@ async def _json(request) -> dict:
 
 
 # Settings that change the sampled distribution in ways the learner does not reproduce, and the
-# value each must have (absent, or this).
-_REFUSED = {"top_p": 1, "logit_bias": None, "presence_penalty": 0, "frequency_penalty": 0,
-            "repetition_penalty": 1, "min_p": 0, "top_k": -1, "response_format": None, "guided_json": None,
-            "guided_regex": None, "guided_choice": None, "structured_outputs": None}
+# values that leave it alone (absent, or one of these).
+_REFUSED = {"top_p": (1,), "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,),
+            "repetition_penalty": (1,), "min_p": (0,), "top_k": (-1, 0), "response_format": ({"type": "text"},),
+            "guided_json": (), "guided_regex": (), "guided_choice": (), "structured_outputs": ()}
 
 
 def _sampling(body: dict) -> dict:
     """The Agent.generate keyword arguments of a request (+ n), or a RequestError saying why not."""
     for key, neutral in _REFUSED.items():
         value = body.get(key)
-        if value is None or value == neutral or (key == "response_format" and value == {"type": "text"}) \
-                or (key == "top_k" and value == 0):
-            continue
-        raise RequestError(f"{key}={value!r} is not supported: the learner scores each token under the "
-                           f"model's full distribution at the sampling temperature, and cannot reproduce "
-                           f"{key}; leave it out", key)
+        if value is not None and value not in neutral:
+            raise RequestError(f"{key}={value!r} is not supported: the learner scores each token under the "
+                               f"model's full distribution at the sampling temperature, and cannot reproduce "
+                               f"{key}; leave it out", key)
     out: dict[str, Any] = {}
     temperature = body.get("temperature")
     if temperature is not None:

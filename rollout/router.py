@@ -8,7 +8,8 @@ keeps no state a request depends on, so nothing of the episode is lost. A
 request that takes longer than `timeout_s` is cancelled (vLLM aborts it) and
 raises EngineError naming the engine, as does one whose engine does not come
 back or dies again: the worker runs that episode again (rollout.retries)
-instead of hanging it.
+instead of hanging it. A caller that is cancelled (its episode ran past its
+deadline, a gateway client left) cancels the engine's request with it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Router:
             ref = self.engines[index].generate.remote(prompt_ids, sampling, seed, self.policy)
             try:
                 return await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.timeout_s)
+            except asyncio.CancelledError:  # the caller gave up (its episode's deadline, a client that left)
+                ray.cancel(ref)  # so does the engine: vLLM aborts the request
+                raise
             except asyncio.TimeoutError:
                 ray.cancel(ref)
                 raise EngineError(f"engine {index} of policy {self.policy!r} did not answer a request "

@@ -10,7 +10,9 @@ sampling, one run, one after the other:
   gateway: the same fleet with the openai_agent harness: an agent function makes the same
          single chat call with the `openai` SDK through the worker's OpenAI-compatible
          gateway (HTTP, rendered to the same prompt ids).
-Each side is warmed up, then timed `--rounds` times; the best round counts.
+Each side is warmed up, then timed `--rounds` times; the best round counts. The path and
+gateway fleets are up together and take turns, round by round (vLLM alone runs first, in
+this process), so that their ratio is measured side by side.
 The last output line is one JSON object.
 """
 
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
+import statistics
 import time
 import uuid
 
@@ -28,7 +32,7 @@ import ray
 from rollout.client import ChatFormat
 from rollout.cluster import start_ray
 from rollout.config import EngineConfig, GenerateJobConfig, SamplingConfig
-from rollout.engine import engine_args, sampling_params
+from rollout.engine import bind_cpu_cores, engine_args, sampling_params
 from rollout.fleet import RolloutFleet
 from rollout.models import resolve_model
 from rollout.config import make_task_source
@@ -39,6 +43,7 @@ def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConf
                engine: EngineConfig, rounds: int, dtype: str = "float32") -> list[dict]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    bind_cpu_cores(engine)  # the cores the fleets' engines take (engine.cpu_cores)
     llm = AsyncLLM.from_engine_args(engine_args(model_path, engine, dtype))
     params = sampling_params(sampling)
 
@@ -65,8 +70,10 @@ def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConf
         gc.collect()
 
 
-def bench_path(cfg: GenerateJobConfig, n: int, rounds: int) -> list[dict]:
-    start_ray(cfg.ray, cfg.cpus_asked())
+def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict[str, list[dict]]:
+    """Each config's fleet, all up at once (only one generates at a time), timed in turns:
+    round 1 of each, then round 2 of each, ...: the box's drift falls on every side alike."""
+    start_ray(next(iter(cfgs.values())).ray, sum(c.cpus_asked() for c in cfgs.values()))
 
     def timed(fleet: RolloutFleet, k: int) -> dict:
         t0 = time.perf_counter()
@@ -74,11 +81,16 @@ def bench_path(cfg: GenerateJobConfig, n: int, rounds: int) -> list[dict]:
         traces = [t for g in fleet.take(k, timeout_s=600) for t in g]
         seconds = time.perf_counter() - t0
         assert all(t.status != "failed" for t in traces), [t.error for t in traces]
-        return {"tokens": sum(t.num_generated_tokens for t in traces), "seconds": seconds}
+        return {"tokens": sum(t.num_generated_tokens for t in traces), "seconds": round(seconds, 3)}
 
-    with RolloutFleet(cfg) as fleet:
-        timed(fleet, 4)  # warm-up
-        results = [timed(fleet, n) for _ in range(rounds)]
+    results: dict[str, list[dict]] = {name: [] for name in cfgs}
+    with contextlib.ExitStack() as stack:
+        fleets = {name: stack.enter_context(RolloutFleet(cfg)) for name, cfg in cfgs.items()}
+        for fleet in fleets.values():
+            timed(fleet, 4)  # warm-up
+        for _ in range(rounds):
+            for name, fleet in fleets.items():
+                results[name].append(timed(fleet, n))
     ray.shutdown()
     return results
 
@@ -105,7 +117,7 @@ def main() -> None:
     common = [f"model={args.model}", "task=chain_sum", f"sampling.max_tokens={args.max_tokens}",
               f"sampling.temperature={args.temperature}", "sampling.ignore_eos=true",
               f"engine.max_num_seqs={max(args.prompts, 8)}", f"rollout.concurrency={args.prompts}",
-              "rollout.group_size=1", "ray.num_cpus=4"]
+              "rollout.group_size=1", "engine.cpu_cores=all", "ray.num_cpus=8"]
     cfg = compose("generate", ["harness=single_turn", *common])
     # run from the repo root, like every bench: the workers import the agent from there
     gateway_cfg = compose("generate", ["harness=openai_agent",
@@ -117,8 +129,8 @@ def main() -> None:
                for i in range(args.prompts)]
 
     vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
-    path_rounds = bench_path(cfg, args.prompts, args.rounds)
-    gateway_rounds = bench_path(gateway_cfg, args.prompts, args.rounds)
+    paths = bench_paths({"path": cfg, "gateway": gateway_cfg}, args.prompts, args.rounds)
+    path_rounds, gateway_rounds = paths["path"], paths["gateway"]
 
     def best(rounds):
         return max(r["tokens"] / r["seconds"] for r in rounds)
@@ -127,11 +139,16 @@ def main() -> None:
     print(f"vLLM generate:    {vllm_tps:8.1f} generated tok/s  rounds={vllm_rounds}")
     print(f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={path_rounds}")
     print(f"worker->openai SDK->gateway->engine: {gateway_tps:8.1f} generated tok/s  rounds={gateway_rounds}")
-    print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}  gateway/path: {gateway_tps / path_tps:.3f}")
+    # each round of the gateway against the path's round just before it: the drift-free ratio
+    paired = statistics.median((g["tokens"] / g["seconds"]) / (p["tokens"] / p["seconds"])
+                               for p, g in zip(path_rounds, gateway_rounds))
+    print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}  gateway/path: {gateway_tps / path_tps:.3f} "
+          f"(best rounds), {paired:.3f} (median of paired rounds)")
     print(json.dumps({"bench": "rollout_path", "model": args.model, "prompts": args.prompts,
                       "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
                       "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
                       "gateway_tok_s": round(gateway_tps, 1), "gateway_over_path": round(gateway_tps / path_tps, 3),
+                      "gateway_over_path_paired": round(paired, 3),
                       "vllm_rounds": vllm_rounds, "path_rounds": path_rounds, "gateway_rounds": gateway_rounds}))
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from openai import AsyncOpenAI, BadRequestError
+from openai import APITimeoutError, AsyncOpenAI, BadRequestError
 
 from rollout.client import Agent, ChatFormat, TraceRecorder
 from rollout.config import HarnessConfig, SamplingConfig
@@ -28,12 +28,12 @@ class Question:  # what an agent function is given: a task with a prompt
 
 @pytest.fixture(scope="module")
 def gateway_run(engine, tiny_tokenizer):
-    """`gateway_run(fn, traces=1, temperature=1.0, max_tokens=12)`: opens a session per trace over
+    """`gateway_run(fn, traces=1, temperature=1.0, max_tokens=12, **sampling)`: opens a session per trace over
     the shared engine (role "solver") and runs `fn(session, client, k)` for each at once, in this
     process's event loop with the gateway in it. Returns [(recorder, session, result)]."""
     fmt = ChatFormat(tiny_tokenizer)
 
-    def run(fn, traces=1, temperature=1.0, max_tokens=12):
+    def run(fn, traces=1, temperature=1.0, max_tokens=12, **sampling):
         async def main():
             gateway = Gateway()
             await gateway.start()
@@ -41,7 +41,7 @@ def gateway_run(engine, tiny_tokenizer):
                 async def one(k):
                     rec = TraceRecorder(f"gw-{k}")
                     agent = Agent("solver", "main", Router([engine]), fmt, rec,
-                                  SamplingConfig(temperature=temperature, max_tokens=max_tokens), seed=3)
+                                  SamplingConfig(temperature=temperature, max_tokens=max_tokens, **sampling), seed=3)
                     with gateway.session({"solver": agent}) as s:
                         async with AsyncOpenAI(base_url=s.base_url("solver"), api_key="x", max_retries=0) as c:
                             result = await fn(s, c, k)
@@ -168,6 +168,24 @@ def test_unreproducible_sampling_is_refused_and_temperature_is_recorded(gateway_
     assert all("not supported" in b["message"] for b in refused)
     [seq] = rec.sequences
     assert seq.temperature == 1.0 and len(seq.completion_ids) <= 3
+
+
+def test_a_client_that_leaves_has_its_generation_aborted(gateway_run, engine):
+    """A client that disconnects mid-request (here: its own timeout) takes its generation with it:
+    the engine aborts the request, and no sequence is recorded for an answer nobody read."""
+    async def leave(session, client, k):
+        before = await engine.info.remote()
+        with pytest.raises(APITimeoutError):
+            await client.with_options(timeout=0.5).chat.completions.create(
+                model="main", messages=[{"role": "user", "content": "hi"}], max_tokens=1900)
+        deadline = time.monotonic() + 10
+        while (after := await engine.info.remote())["active"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return before, after
+
+    [(rec, _, (before, after))] = gateway_run(leave, ignore_eos=True)  # 1900 tokens take seconds
+    assert after["active"] == 0, "the engine is still generating for a client that left"
+    assert after["finished"] == before["finished"] and rec.sequences == []
 
 
 def test_tool_call_parsing():

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.packing import Normalization
+from trainer.packing import Normalization, attention, predecessors
 
 
 @dataclass
@@ -84,9 +84,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     return loss, metrics
 
 
-def _next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, at: torch.Tensor,
+def _next_token_logits(model, inputs: dict, at: tuple[torch.Tensor, torch.Tensor],
                        only_there: bool = True) -> torch.Tensor:
-    """Next-token logits at the positions `at` ((rows, T) bool) only, as (N, vocab).
+    """Next-token logits at the positions `at` ((row, index) pairs) only, as (N, vocab).
 
     With `only_there` the output head runs on those positions' hidden states alone (a pre-hook
     on it picks them): on a full-vocabulary head that skips most of the head's matmul and keeps
@@ -96,12 +96,26 @@ def _next_token_logits(model, ids: torch.Tensor, mask: torch.Tensor, at: torch.T
     inner = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
     head = inner.get_output_embeddings() if only_there and hasattr(inner, "get_output_embeddings") else None
     if head is None:
-        return model(input_ids=ids, attention_mask=mask).logits[at]
+        return model(**inputs).logits[at]
     handle = head.register_forward_pre_hook(lambda _module, args: (args[0][at], *args[1:]))
     try:
-        return model(input_ids=ids, attention_mask=mask).logits
+        return model(**inputs).logits
     finally:
         handle.remove()
+
+
+def model_inputs(model, mb, device) -> dict[str, torch.Tensor]:
+    """The forward's inputs for a micro-batch: ids and the padding mask, or, with tree rows
+    (trainer/packing.py::share_prefixes), each token's own position and a (rows, 1, T, T) mask
+    in the model's dtype (0: attend, the dtype's min: not)."""
+    ids = torch.as_tensor(mb.input_ids, device=device)
+    if mb.positions is None:
+        return {"input_ids": ids, "attention_mask": torch.as_tensor(mb.attention_mask, device=device)}
+    inner = getattr(model, "module", model)
+    dtype = inner.get_input_embeddings().weight.dtype
+    seen = torch.as_tensor(attention(mb), device=device)[:, None]
+    mask = torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, torch.finfo(dtype).min)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": torch.as_tensor(mb.positions, device=device)}
 
 
 def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | torch.device = "cpu",
@@ -113,16 +127,17 @@ def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | to
     the logits of every position first (the same numbers, slower: for benchmarks and tests).
     """
     ids = torch.as_tensor(mb.input_ids, device=device)
-    mask = torch.as_tensor(mb.attention_mask, device=device)
     weights = torch.as_tensor(mb.weights, device=device)
-    target = weights != 0  # (rows, T): token t is trained, predicted from position t - 1
-    source = torch.nn.functional.pad(target[:, 1:], (0, 1))  # the same tokens, by the predicting position
+    target = weights != 0  # (rows, T): token t is trained
+    rows, index = target.nonzero(as_tuple=True)
+    source = (rows, torch.as_tensor(predecessors(mb), device=device)[rows, index])  # where each is predicted
     temp = torch.as_tensor(mb.temperatures, device=device)[target]
     temp = torch.where(temp > 0, temp, torch.full_like(temp, cfg.temperature))[:, None]
     labels = ids[target][:, None]
 
     def scored(m) -> torch.Tensor:  # (N, vocab) log-probs of the trained tokens' distributions
-        return torch.log_softmax(_next_token_logits(m, ids, mask, source, only_trained).float() / temp, dim=-1)
+        inputs = model_inputs(m, mb, device)
+        return torch.log_softmax(_next_token_logits(m, inputs, source, only_trained).float() / temp, dim=-1)
 
     logp_all = scored(model)
     logp = logp_all.gather(-1, labels).squeeze(-1)

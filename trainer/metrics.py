@@ -34,6 +34,7 @@ def train_metrics(stats: dict[str, float], packing: dict[str, float], policy: st
               "mismatch_kl": stats["mismatch_kl"] / tokens, "kl_ref": stats["kl_ref"] / tokens,
               "entropy": stats["entropy"] / tokens, "merge_saving": packing["merge_saving"],
               "padding_fraction": packing["padding_fraction"], "rows": packing["rows"],
+              "shared_prefix_rows": packing["shared_prefix_rows"],
               "padded_tokens": stats["padded_tokens"], "skipped_steps": stats["skipped_steps"]}
     return {f"train/{policy}/{k}": v for k, v in values.items()}
 

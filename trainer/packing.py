@@ -9,12 +9,18 @@
    prompt / observation tokens in between. Chains of turns collapse to one
    row; compaction, sub-agents and templates that rewrite history (no exact
    prefix) stay separate rows. Frozen sequences make no rows.
-3. `pack`: rows into micro-batches under a token budget (rows x padded
+3. `share_prefixes`: rows of one policy whose untrained heads are the same
+   tokens (a group's samples of one prompt) become one tree row: the head
+   once, then each row's rest as a branch that attends to the head and to
+   itself only, with the positions it had alone. The same numbers, the head
+   computed once instead of once per sample.
+4. `pack`: rows into micro-batches under a token budget (rows x padded
    length), longest first, so padding stays small.
 
 Alignment: in a row, position t holds token `input_ids[t]`; its weight,
 advantage, behaviour log-prob and sampling temperature describe predicting
-that token from positions < t. Position 0 is never trained.
+that token from the token before it: t - 1, or, for the first token of a
+tree row's branch, the head's last token. Position 0 is never trained.
 """
 
 from __future__ import annotations
@@ -49,6 +55,16 @@ class Row:
     policy: str
     sequences: list[int] = field(default_factory=list)  # indices in the trace, in order
     unmerged_tokens: int = 0  # prompt + completion tokens of its sequences, counted separately
+    # A tree row (share_prefixes): input_ids[:head] is shared; branch[t] >= 1 names the branch of
+    # token t (0: the head), positions[t] its position in its own sequence. None: a plain row.
+    head: int | None = None
+    branch: list[int] | None = None
+    positions: list[int] | None = None
+    members: list[Row] = field(default_factory=list)  # a tree row's rows
+
+    def trained_from(self) -> int:
+        """Index of the first trained token (len(input_ids) if none)."""
+        return next((t for t, w in enumerate(self.weights) if w != 0.0), len(self.weights))
 
 
 @dataclass
@@ -61,6 +77,10 @@ class MicroBatch:
     advantages: np.ndarray  # (rows, T) float32
     old_logprobs: np.ndarray  # (rows, T) float32
     temperatures: np.ndarray  # (rows, T) float32; 0: the loss's temperature
+    # With tree rows (share_prefixes), else None: each token's position in its own sequence and
+    # its branch (0: a shared head or a plain row; -1: padding): see `attention`.
+    positions: np.ndarray | None = None  # (rows, T) int64
+    branch: np.ndarray | None = None  # (rows, T) int64
 
     @property
     def num_tokens(self) -> int:
@@ -135,6 +155,68 @@ def build_rows(traces: list[Trace], advantages: list[list[float]], weights: list
     return rows
 
 
+def share_prefixes(rows: list[Row], token_budget: int) -> list[Row]:
+    """Rows of one policy whose untrained heads (the tokens before the first trained one) are
+    equal become tree rows of at most `token_budget` tokens: the head once, then each row's
+    rest. A row alone, or one longer than the budget with its head, stays as it was."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.policy, tuple(r.input_ids[:r.trained_from()])), []).append(r)
+    out: list[Row] = []
+    for (_, head), members in groups.items():
+        trees: list[list[Row]] = []
+        for r in members:
+            rest = len(r.input_ids) - len(head)
+            if trees and len(head) + sum(len(m.input_ids) - len(head) for m in trees[-1]) + rest <= token_budget:
+                trees[-1].append(r)
+            else:
+                trees.append([r])
+        for tree in trees:
+            out.append(tree[0] if len(tree) == 1 or len(head) < 2 else _tree(tree, len(head)))
+    return out
+
+
+def _tree(rows: list[Row], head: int) -> Row:
+    first = rows[0]
+    tree = Row(first.input_ids[:head], first.weights[:head], first.advantages[:head], first.old_logprobs[:head],
+               first.temperatures[:head], first.trace, first.policy, head=head, branch=[0] * head,
+               positions=list(range(head)), members=rows)
+    for k, r in enumerate(rows, start=1):
+        n = len(r.input_ids)
+        tree.input_ids += r.input_ids[head:]
+        tree.weights += r.weights[head:]
+        tree.advantages += r.advantages[head:]
+        tree.old_logprobs += r.old_logprobs[head:]
+        tree.temperatures += r.temperatures[head:]
+        tree.branch += [k] * (n - head)
+        tree.positions += range(head, n)
+        tree.unmerged_tokens += r.unmerged_tokens
+    return tree
+
+
+def attention(mb: MicroBatch) -> np.ndarray:
+    """(rows, T, T) bool: may query token q attend to key k? Causal, within the row's real
+    tokens; in a tree row a branch sees the head and itself. Padding attends to itself only
+    (its outputs are never used, and no query is left without a key)."""
+    rows, T = mb.input_ids.shape
+    branch = mb.branch if mb.branch is not None else np.where(mb.attention_mask == 1, 0, -1)
+    q, k = branch[:, :, None], branch[:, None, :]
+    causal = np.tril(np.ones((T, T), dtype=bool))[None]
+    seen = causal & (k >= 0) & ((k == 0) | (k == q)) & (q >= 0)
+    return seen | np.eye(T, dtype=bool)[None]
+
+
+def predecessors(mb: MicroBatch) -> np.ndarray:
+    """(rows, T) int64: the index whose output predicts token t: t - 1, but a tree branch's first
+    token is predicted from the head's last (in a tree row the head's indices are its positions)."""
+    rows, T = mb.input_ids.shape
+    index = np.broadcast_to(np.arange(T) - 1, (rows, T))
+    if mb.positions is None:
+        return index.copy()
+    head = (mb.branch == 0).sum(axis=1, keepdims=True)
+    return np.where(mb.positions - 1 < head, mb.positions - 1, index)
+
+
 def pack(rows: list[Row], token_budget: int, pad_id: int = 0) -> list[MicroBatch]:
     """Group rows (longest first) into micro-batches of at most `token_budget` padded tokens.
 
@@ -156,11 +238,17 @@ def _pad(rows: list[Row], pad_id: int) -> MicroBatch:
     ids = np.full(shape, pad_id, dtype=np.int64)
     mask = np.zeros(shape, dtype=np.int64)
     w, adv, old, temp = (np.zeros(shape, dtype=np.float32) for _ in range(4))
+    trees = any(r.branch is not None for r in rows)
+    positions = np.zeros(shape, dtype=np.int64) if trees else None
+    branch = np.full(shape, -1, dtype=np.int64) if trees else None
     for i, r in enumerate(rows):
         n = len(r.input_ids)
         ids[i, :n], mask[i, :n] = r.input_ids, 1
         w[i, :n], adv[i, :n], old[i, :n], temp[i, :n] = r.weights, r.advantages, r.old_logprobs, r.temperatures
-    return MicroBatch(ids, mask, w, adv, old, temp)
+        if trees:
+            positions[i, :n] = r.positions if r.positions is not None else range(n)
+            branch[i, :n] = r.branch if r.branch is not None else 0
+    return MicroBatch(ids, mask, w, adv, old, temp, positions, branch)
 
 
 def empty_microbatch(pad_id: int = 0) -> MicroBatch:
@@ -195,4 +283,5 @@ def packing_stats(rows: list[Row], batches: list[MicroBatch]) -> dict[str, float
         "rows": float(len(rows)),
         "micro_batches": float(len(batches)),
         "padding_fraction": 1.0 - after / padded if padded else 0.0,
+        "shared_prefix_rows": float(sum(len(r.members) for r in rows)),
     }

@@ -30,7 +30,7 @@ from trainer.advantages import compute_advantages
 from trainer.config import TrainJobConfig
 from trainer.learner_group import AdapterLearners, LearnerGroup
 from trainer.metrics import advantage_metrics, train_metrics
-from trainer.packing import build_rows, pack, packing_stats, token_weights
+from trainer.packing import MicroBatch, Row, build_rows, pack, packing_stats, share_prefixes, token_weights
 from trainer.weight_sync import CollectiveSync, ObjectStoreSync, SyncMethod
 
 
@@ -110,10 +110,7 @@ class TrainedPolicy:
         mine = [tr.only_policy(p) for tr, lag in zip(traces, lags) if lag <= max_staleness]
         self.dropped_stale += len(traces) - len(mine)
         advs = compute_advantages(mine, a.advantage)
-        weights = token_weights(mine, a.loss.normalization, a.loss.constant)
-        # A zero-advantage row has zero gradient unless a KL term pulls on it.
-        rows = build_rows(mine, advs, weights, merge=a.merge_prefixes, skip_zero_advantage=a.loss.kl_coef == 0)
-        batches = pack(rows, self.learner_cfg.micro_batch_tokens, self.format.pad_id)
+        rows, batches = micro_batches(mine, advs, a, self.learner_cfg.micro_batch_tokens, self.format.pad_id)
         m = advantage_metrics(mine, advs, p)
         t0 = time.perf_counter()
         applied = bool(batches)
@@ -166,3 +163,16 @@ class TrainedPolicy:
     def summary(self) -> dict:
         return {"trained_tokens": self.trained_tokens, "version": self.version, "dropped_stale": self.dropped_stale,
                 "learner_nodes": self.learners.node_ids, "sync": type(self.sync).__name__}
+
+
+def micro_batches(traces: list[Trace], advantages: list[list[float]], a, token_budget: int,
+                  pad_id: int) -> tuple[list[Row], list[MicroBatch]]:
+    """One policy's training rows and packed micro-batches of `traces` (already its view):
+    loss weights, exact-prefix rows, shared-prompt trees, packing, as `algorithm` (`a`) says."""
+    weights = token_weights(traces, a.loss.normalization, a.loss.constant)
+    # A zero-advantage row has zero gradient unless a KL term pulls on it.
+    rows = build_rows(traces, advantages, weights, merge=a.merge_prefixes, skip_zero_advantage=a.loss.kl_coef == 0)
+    if a.share_prefixes:
+        rows = share_prefixes(rows, token_budget)
+    return rows, pack(rows, token_budget, pad_id)
+

@@ -42,7 +42,7 @@ from rollout.trace import read_jsonl
 from trainer.advantages import compute_advantages
 from trainer.config import compose
 from trainer.loop import train
-from trainer.packing import build_rows, pack, token_weights
+from trainer.policy import micro_batches
 
 from learner import PlainLoop, memcpy_s  # scripts/bench/learner.py (this script's folder is on sys.path)
 
@@ -111,11 +111,9 @@ def plain_train_s(cfg, traces) -> tuple[float, int]:
     a, total, nbytes = cfg.algorithm, 0.0, 0
     for p in cfg.trainable_policies():
         mine = [t.only_policy(p) for t in traces]
-        rows = build_rows(mine, compute_advantages(mine, a.advantage),
-                          token_weights(mine, a.loss.normalization, a.loss.constant), merge=a.merge_prefixes,
-                          skip_zero_advantage=a.loss.kl_coef == 0)
         path = resolve_model(cfg.policy_model(p).name, cfg.policy_model(p).path)
-        mbs = pack(rows, cfg.policy_learner(p).micro_batch_tokens, ChatFormat.from_pretrained(path).pad_id)
+        _, mbs = micro_batches(mine, compute_advantages(mine, a.advantage), a, cfg.policy_learner(p).micro_batch_tokens,
+                               ChatFormat.from_pretrained(path).pad_id)
         loop = ray.remote(num_cpus=1)(PlainLoop).remote(path, max(cfg.policy_learner(p).torch_threads, 1))
         try:
             nbytes += ray.get(loop.nbytes.remote(), timeout=600)

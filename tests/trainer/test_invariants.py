@@ -12,7 +12,7 @@ from rollout.client import ChatFormat
 from rollout.trace import Sequence, Trace
 from trainer.losses import LossConfig, microbatch_loss
 from tests.conftest import hf_logprobs
-from trainer.packing import Normalization, build_rows, pack, packing_stats, token_weights
+from trainer.packing import Normalization, build_rows, pack, packing_stats, share_prefixes, token_weights
 
 
 def seq(model, prompt, completion, agent="solver", policy="main", trainable=True, parent=None):
@@ -180,3 +180,62 @@ def test_each_sequence_is_scored_at_the_temperature_it_was_sampled_at(hf_tiny, t
     loss_all, m_all, grad_all = step(sampled, only_trained=False)
     assert abs(loss_all - loss) < 1e-6 and abs(m_all["entropy"].item() - m["entropy"].item()) < 1e-3
     assert ((grad_all - grad).norm() / grad.norm()).item() < 1e-5
+
+
+@pytest.fixture(scope="module")
+def group(hf_tiny, tiny_tokenizer):
+    """Four samples of one prompt (one of them a two-turn chain, one cut by max_tokens) and a
+    trace of another prompt: what a GRPO group looks like to the packer."""
+    fmt = ChatFormat(tiny_tokenizer)
+    eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    p = fmt.render([{"role": "system", "content": "Solve."}, {"role": "user", "content": "What is 3 + 4?"}])
+    answers = ["7.", "It is 7, since 3 + 4 = 7.", "8", "<answer>7"]
+    traces = []
+    for k, text in enumerate(answers):
+        c = fmt.encode(text) + ([eos] if k < 3 else [])
+        seqs = [seq(hf_tiny, p, c)]
+        if k == 1:  # a second turn that extends the first exactly
+            p1 = p + c + fmt.continuation(p + c, [{"role": "user", "content": "Sure?"}])
+            seqs.append(seq(hf_tiny, p1, fmt.encode("Yes.") + [eos], parent=0))
+        traces.append(Trace(f"t{k}", "g", seqs, reward=float(k % 2)))
+    q = fmt.render([{"role": "user", "content": "What is 2 + 2?"}])
+    traces.append(Trace("other", "h", [seq(hf_tiny, q, fmt.encode("4") + [eos])], reward=1.0))
+    advantages = [[0.5], [-0.5, -0.5], [0.5], [-0.5], [1.0]]
+    return traces, advantages
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_samples_of_one_prompt_share_it_and_give_the_same_gradient_and_metrics(hf_tiny, group, split):
+    """share_prefixes: a group's rows become tree rows (the prompt once, each sample's rest after
+    it, seeing only the prompt and itself); gradient, importance ratios and log-probs equal
+    those of the plain rows. `split`: a budget that fits the prompt and two samples, so the
+    group makes two trees, packed with plain rows in the same micro-batches."""
+    traces, advantages = group
+    weights = token_weights(traces, "token")
+    rows = build_rows(traces, advantages, weights)
+    prompt = len(traces[0].sequences[0].prompt_ids)
+    budget = prompt + len(rows[0].input_ids) + len(rows[1].input_ids) - 2 * prompt if split else 4096
+
+    def run(rs):
+        hf_tiny.zero_grad()
+        metrics = []
+        for mb in pack(rs, 4 * budget):
+            loss, m = microbatch_loss(hf_tiny, mb, LossConfig())
+            loss.backward()
+            metrics.append(m)
+        grad = torch.cat([p.grad.flatten() for p in hf_tiny.parameters()]).clone()
+        return grad, {k: sum(m[k].item() for m in metrics) for k in ("logp", "mismatch_kl", "tokens")}
+
+    shared = share_prefixes(rows, budget)
+    trees = [r for r in shared if r.members]
+    assert sum(len(r.members) for r in trees) == 4 and len(trees) == (2 if split else 1)
+    assert all(r.trace != "other" or not r.members for r in shared)
+    assert all(r.head == prompt and r.input_ids[:prompt] == traces[0].sequences[0].prompt_ids for r in trees)
+    assert sum(len(r.input_ids) for r in shared) == sum(len(r.input_ids) for r in rows) - (4 - len(trees)) * prompt
+    plain_grad, plain = run(rows)
+    tree_grad, tree = run(shared)
+    assert plain_grad.norm() > 0
+    assert ((tree_grad - plain_grad).norm() / plain_grad.norm()).item() < 1e-5
+    assert tree["tokens"] == plain["tokens"]
+    assert tree["logp"] == pytest.approx(plain["logp"], rel=1e-5)
+    assert tree["mismatch_kl"] == pytest.approx(plain["mismatch_kl"], abs=1e-6)

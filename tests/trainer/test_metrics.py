@@ -75,12 +75,14 @@ def test_advantage_and_train_metrics_are_named_by_policy_and_averaged():
     stats = {"loss": 0.3, "grad_norm": 2.0, "lr": 1e-5, "tokens": 4.0, "clip_frac": 1.0, "ratio": 4.4,
              "ratio_max": 1.3, "mismatch_kl": 0.02, "kl_ref": 0.0, "entropy": 8.0, "skipped_steps": 1.0,
              "padded_tokens": 12.0}
-    t = train_metrics(stats, {"merge_saving": 0.25, "padding_fraction": 0.1, "rows": 3.0}, "solver")
+    t = train_metrics(stats, {"merge_saving": 0.25, "padding_fraction": 0.1, "rows": 3.0, "shared_prefix_rows": 2.0},
+                      "solver")
     # sums over trained tokens become per-token means; maxima and counts stay as they are
     assert t["train/solver/clip_frac"] == 0.25 and t["train/solver/ratio_mean"] == pytest.approx(1.1)
     assert t["train/solver/entropy"] == 2.0 and t["train/solver/ratio_max"] == 1.3
     assert t["train/solver/trained_tokens"] == 4.0 and t["train/solver/padded_tokens"] == 12.0
     assert t["train/solver/merge_saving"] == 0.25 and t["train/solver/rows"] == 3.0
+    assert t["train/solver/shared_prefix_rows"] == 2.0
     assert t["train/solver/skipped_steps"] == 1.0  # the learners' count of skipped (non-finite) steps
 
 

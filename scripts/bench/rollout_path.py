@@ -9,10 +9,11 @@ sampling, one run, one after the other:
          Engine actor (Ray), the single_turn harness, traces streamed to the TraceBuffer.
   gateway: the same fleet with the openai_agent harness: an agent function makes the same
          single chat call with the `openai` SDK through the worker's OpenAI-compatible
-         gateway (HTTP, rendered to the same prompt ids).
-Each side is warmed up, then timed `--rounds` times; the best round counts. The path and
-gateway fleets are up together and take turns, round by round (vLLM alone runs first, in
-this process), so that their ratio is measured side by side.
+         gateway (HTTP, rendered to the same prompt ids), over one HTTP client per worker.
+  own_client: the same, the agent building its own SDK client per episode.
+Each side is warmed up, then timed `--rounds` times; the best round counts. The three
+fleets take turns, round by round, one up at a time (vLLM alone runs first, in this
+process); the ratios to the path pair each round with the path's round of the same turn.
 The last output line is one JSON object.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import statistics
@@ -71,9 +71,10 @@ def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConf
 
 
 def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict[str, list[dict]]:
-    """Each config's fleet, all up at once (only one generates at a time), timed in turns:
-    round 1 of each, then round 2 of each, ...: the box's drift falls on every side alike."""
-    start_ray(next(iter(cfgs.values())).ray, sum(c.cpus_asked() for c in cfgs.values()))
+    """Each config's fleet timed in turns: round 1 of each, then round 2 of each, ... (the box's
+    drift falls on every side alike). One fleet is up at a time, started and warmed up for its
+    round: an idle CPU engine next to a working one costs the working one ~15%."""
+    start_ray(next(iter(cfgs.values())).ray, max(c.cpus_asked() for c in cfgs.values()))
 
     def timed(fleet: RolloutFleet, k: int) -> dict:
         t0 = time.perf_counter()
@@ -84,19 +85,33 @@ def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict
         return {"tokens": sum(t.num_generated_tokens for t in traces), "seconds": round(seconds, 3)}
 
     results: dict[str, list[dict]] = {name: [] for name in cfgs}
-    with contextlib.ExitStack() as stack:
-        fleets = {name: stack.enter_context(RolloutFleet(cfg)) for name, cfg in cfgs.items()}
-        for fleet in fleets.values():
-            timed(fleet, 4)  # warm-up
-        for _ in range(rounds):
-            for name, fleet in fleets.items():
+    for _ in range(rounds):
+        for name, cfg in cfgs.items():
+            with RolloutFleet(cfg) as fleet:
+                timed(fleet, 4)  # warm-up
                 results[name].append(timed(fleet, n))
     ray.shutdown()
     return results
 
 
+_http = {}  # event loop -> the HTTP client this worker's agents share
+
+
 async def one_call(task, base_url: str, api_key: str) -> str:
-    """The gateway side's agent: single_turn's one call, made with the openai SDK."""
+    """The gateway side's agent: single_turn's one call, made with the openai SDK over one HTTP
+    client per worker process (as a long-running agent service holds one)."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    http = _http.setdefault(asyncio.get_running_loop(), httpx.AsyncClient(timeout=600))
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http)
+    r = await client.chat.completions.create(model="main", messages=[{"role": "user", "content": task.prompt}])
+    return r.choices[0].message.content
+
+
+async def one_call_own_client(task, base_url: str, api_key: str) -> str:
+    """The same call from an agent that builds its own SDK client per episode (as
+    examples/calculator_agent.py does): ~30 ms of the worker's CPU per client (its TLS context)."""
     from openai import AsyncOpenAI
 
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
@@ -117,11 +132,12 @@ def main() -> None:
     common = [f"model={args.model}", "task=chain_sum", f"sampling.max_tokens={args.max_tokens}",
               f"sampling.temperature={args.temperature}", "sampling.ignore_eos=true",
               f"engine.max_num_seqs={max(args.prompts, 8)}", f"rollout.concurrency={args.prompts}",
-              "rollout.group_size=1", "engine.cpu_cores=all", "ray.num_cpus=8"]
+              "rollout.group_size=1", "engine.cpu_cores=all", "ray.num_cpus=4"]
     cfg = compose("generate", ["harness=single_turn", *common])
     # run from the repo root, like every bench: the workers import the agent from there
-    gateway_cfg = compose("generate", ["harness=openai_agent",
-                                       "harness.options.agent=scripts.bench.rollout_path.one_call", *common])
+    gateway_cfg, own_client_cfg = (
+        compose("generate", ["harness=openai_agent", f"harness.options.agent=scripts.bench.rollout_path.{fn}", *common])
+        for fn in ("one_call", "one_call_own_client"))
     model_path = resolve_model(cfg.model.name, cfg.model.path)
     fmt = ChatFormat.from_pretrained(model_path)
     tasks = make_task_source(cfg.task, cfg.seed)
@@ -129,27 +145,32 @@ def main() -> None:
                for i in range(args.prompts)]
 
     vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
-    paths = bench_paths({"path": cfg, "gateway": gateway_cfg}, args.prompts, args.rounds)
-    path_rounds, gateway_rounds = paths["path"], paths["gateway"]
+    paths = bench_paths({"path": cfg, "gateway": gateway_cfg, "own_client": own_client_cfg}, args.prompts, args.rounds)
+    path_rounds, gateway_rounds, own_rounds = paths["path"], paths["gateway"], paths["own_client"]
 
     def best(rounds):
         return max(r["tokens"] / r["seconds"] for r in rounds)
 
-    vllm_tps, path_tps, gateway_tps = best(vllm_rounds), best(path_rounds), best(gateway_rounds)
+    vllm_tps, path_tps, gateway_tps, own_tps = map(best, (vllm_rounds, path_rounds, gateway_rounds, own_rounds))
+
+    def paired(rounds):  # each round against the path's round of the same turn: the drift-free ratio
+        return statistics.median((g["tokens"] / g["seconds"]) / (p["tokens"] / p["seconds"])
+                                 for p, g in zip(path_rounds, rounds))
+
     print(f"vLLM generate:    {vllm_tps:8.1f} generated tok/s  rounds={vllm_rounds}")
     print(f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={path_rounds}")
     print(f"worker->openai SDK->gateway->engine: {gateway_tps:8.1f} generated tok/s  rounds={gateway_rounds}")
-    # each round of the gateway against the path's round just before it: the drift-free ratio
-    paired = statistics.median((g["tokens"] / g["seconds"]) / (p["tokens"] / p["seconds"])
-                               for p, g in zip(path_rounds, gateway_rounds))
-    print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}  gateway/path: {gateway_tps / path_tps:.3f} "
-          f"(best rounds), {paired:.3f} (median of paired rounds)")
+    print(f"  the same, an SDK client built per episode: {own_tps:8.1f} generated tok/s  rounds={own_rounds}")
+    print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}  gateway/path: {gateway_tps / path_tps:.3f} (best rounds), "
+          f"{paired(gateway_rounds):.3f} (median of paired rounds); own client: {paired(own_rounds):.3f}")
     print(json.dumps({"bench": "rollout_path", "model": args.model, "prompts": args.prompts,
                       "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
                       "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
                       "gateway_tok_s": round(gateway_tps, 1), "gateway_over_path": round(gateway_tps / path_tps, 3),
-                      "gateway_over_path_paired": round(paired, 3),
-                      "vllm_rounds": vllm_rounds, "path_rounds": path_rounds, "gateway_rounds": gateway_rounds}))
+                      "gateway_over_path_paired": round(paired(gateway_rounds), 3),
+                      "own_client_tok_s": round(own_tps, 1), "own_client_over_path_paired": round(paired(own_rounds), 3),
+                      "vllm_rounds": vllm_rounds, "path_rounds": path_rounds, "gateway_rounds": gateway_rounds,
+                      "own_client_rounds": own_rounds}))
 
 
 if __name__ == "__main__":

@@ -108,14 +108,14 @@ def model_inputs(model, mb, device) -> dict[str, torch.Tensor]:
     """The forward's inputs for a micro-batch: ids and the padding mask, or, with tree rows
     (trainer/packing.py::share_prefixes), each token's own position and a (rows, 1, T, T) mask
     in the model's dtype (0: attend, the dtype's min: not)."""
-    ids = torch.as_tensor(mb.input_ids, device=device)
+    ids = torch.tensor(mb.input_ids, device=device)
     if mb.positions is None:
-        return {"input_ids": ids, "attention_mask": torch.as_tensor(mb.attention_mask, device=device)}
+        return {"input_ids": ids, "attention_mask": torch.tensor(mb.attention_mask, device=device)}
     inner = getattr(model, "module", model)
     dtype = inner.get_input_embeddings().weight.dtype
     seen = torch.as_tensor(attention(mb), device=device)[:, None]
     mask = torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, torch.finfo(dtype).min)
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": torch.as_tensor(mb.positions, device=device)}
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": torch.tensor(mb.positions, device=device)}
 
 
 def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | torch.device = "cpu",
@@ -126,12 +126,12 @@ def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | to
     micro-batch's `temperatures`; 0 there means `cfg.temperature`). `only_trained=False` computes
     the logits of every position first (the same numbers, slower: for benchmarks and tests).
     """
-    ids = torch.as_tensor(mb.input_ids, device=device)
-    weights = torch.as_tensor(mb.weights, device=device)
+    ids = torch.tensor(mb.input_ids, device=device)
+    weights = torch.tensor(mb.weights, device=device)
     target = weights != 0  # (rows, T): token t is trained
     rows, index = target.nonzero(as_tuple=True)
     source = (rows, torch.as_tensor(predecessors(mb), device=device)[rows, index])  # where each is predicted
-    temp = torch.as_tensor(mb.temperatures, device=device)[target]
+    temp = torch.tensor(mb.temperatures, device=device)[target]
     temp = torch.where(temp > 0, temp, torch.full_like(temp, cfg.temperature))[:, None]
     labels = ids[target][:, None]
 
@@ -145,8 +145,8 @@ def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | to
     if ref_model is not None and cfg.kl_coef > 0:
         with torch.no_grad():
             ref_logp = scored(ref_model).gather(-1, labels).squeeze(-1)
-    loss, metrics = policy_loss(logp, torch.as_tensor(mb.old_logprobs, device=device)[target],
-                                torch.as_tensor(mb.advantages, device=device)[target], weights[target], cfg, ref_logp)
+    loss, metrics = policy_loss(logp, torch.tensor(mb.old_logprobs, device=device)[target],
+                                torch.tensor(mb.advantages, device=device)[target], weights[target], cfg, ref_logp)
     with torch.no_grad():
         metrics["entropy"] = -(logp_all.exp() * logp_all).sum()
     return loss, metrics

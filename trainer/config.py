@@ -29,7 +29,7 @@ class AlgorithmConfig:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)  # conf/train.yaml ties loss.temperature to sampling's
     merge_prefixes: bool = True  # train exact-prefix turns of a trace as one row
-    share_prefixes: bool = False  # rows with the same untrained head (one prompt's samples): the head once
+    share_prefixes: bool = True  # rows with the same untrained head (one prompt's samples): the head once
 
 
 @dataclass

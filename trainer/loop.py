@@ -78,7 +78,10 @@ def train(cfg: TrainJobConfig) -> dict:
             t0 = time.perf_counter()
             groups, held = held[:t.groups_per_step], held[t.groups_per_step:]
             groups = groups or fleet.take(t.groups_per_step, t.rollout_timeout_s)
-            traces = [tr for group in groups for tr in group]
+            # in the order of their ids, not of arrival (which varies from run to run): the same
+            # groups pack into the same rows and micro-batches, so a resumed step repeats the
+            # uninterrupted run's arithmetic
+            traces = sorted((tr for group in groups for tr in group), key=lambda tr: (tr.group, tr.id))
             t_wait = time.perf_counter() - t0
             check_failures(traces, t.max_failed_fraction, f"the rollout of step {step + 1}")
             m = trace_metrics(traces, "rollout")

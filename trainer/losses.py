@@ -104,18 +104,19 @@ def _next_token_logits(model, inputs: dict, at: tuple[torch.Tensor, torch.Tensor
         handle.remove()
 
 
-def model_inputs(model, mb, device) -> dict[str, torch.Tensor]:
-    """The forward's inputs for a micro-batch: ids and the padding mask, or, with tree rows
-    (trainer/packing.py::share_prefixes), each token's own position and a (rows, 1, T, T) mask
-    in the model's dtype (0: attend, the dtype's min: not)."""
-    ids = torch.tensor(mb.input_ids, device=device)
+def model_inputs(model, mb, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The forward's inputs for a micro-batch (`ids`: its input ids as a tensor): ids and the
+    padding mask, or, with tree rows (trainer/packing.py::share_prefixes), each token's own
+    position and a (rows, 1, T, T) mask in the model's dtype (0: attend, its min: not)."""
     if mb.positions is None:
-        return {"input_ids": ids, "attention_mask": torch.tensor(mb.attention_mask, device=device)}
-    inner = getattr(model, "module", model)
-    dtype = inner.get_input_embeddings().weight.dtype
-    seen = torch.as_tensor(attention(mb), device=device)[:, None]
-    mask = torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, torch.finfo(dtype).min)
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": torch.tensor(mb.positions, device=device)}
+        return {"input_ids": ids, "attention_mask": torch.tensor(mb.attention_mask, device=ids.device)}
+    seen, dtype = torch.as_tensor(attention(mb), device=ids.device)[:, None], _dtype(model)
+    mask = torch.zeros(seen.shape, dtype=dtype, device=ids.device).masked_fill_(~seen, torch.finfo(dtype).min)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": torch.tensor(mb.positions, device=ids.device)}
+
+
+def _dtype(model) -> torch.dtype:
+    return getattr(model, "module", model).get_input_embeddings().weight.dtype  # DeepSpeed wraps the model
 
 
 def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | torch.device = "cpu",
@@ -135,9 +136,13 @@ def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | to
     temp = torch.where(temp > 0, temp, torch.full_like(temp, cfg.temperature))[:, None]
     labels = ids[target][:, None]
 
+    inputs = model_inputs(model, mb, ids)
+
     def scored(m) -> torch.Tensor:  # (N, vocab) log-probs of the trained tokens' distributions
-        inputs = model_inputs(m, mb, device)
-        return torch.log_softmax(_next_token_logits(m, inputs, source, only_trained).float() / temp, dim=-1)
+        x = inputs
+        if x["attention_mask"].is_floating_point():  # a tree mask, in this model's dtype
+            x = {**x, "attention_mask": x["attention_mask"].to(_dtype(m))}
+        return torch.log_softmax(_next_token_logits(m, x, source, only_trained).float() / temp, dim=-1)
 
     logp_all = scored(model)
     logp = logp_all.gather(-1, labels).squeeze(-1)

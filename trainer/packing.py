@@ -165,12 +165,15 @@ def share_prefixes(rows: list[Row], token_budget: int) -> list[Row]:
     out: list[Row] = []
     for (_, head), members in groups.items():
         trees: list[list[Row]] = []
+        size = 0  # tokens of the open tree, trees[-1]
         for r in members:
             rest = len(r.input_ids) - len(head)
-            if trees and len(head) + sum(len(m.input_ids) - len(head) for m in trees[-1]) + rest <= token_budget:
+            if trees and size + rest <= token_budget:
                 trees[-1].append(r)
+                size += rest
             else:
                 trees.append([r])
+                size = len(head) + rest
         for tree in trees:
             out.append(tree[0] if len(tree) == 1 or len(head) < 2 else _tree(tree, len(head)))
     return out

@@ -209,8 +209,15 @@ def test_samples_of_one_prompt_share_it_and_give_the_same_gradient_and_metrics(h
     """share_prefixes: a group's rows become tree rows (the prompt once, each sample's rest after
     it, seeing only the prompt and itself); gradient, importance ratios and log-probs equal
     those of the plain rows. `split`: a budget that fits the prompt and two samples, so the
-    group makes two trees, packed with plain rows in the same micro-batches."""
+    group makes two trees, packed with plain rows in the same micro-batches. With a KL term
+    to a reference model (the tree's inputs go through it too)."""
+    import copy
+
     traces, advantages = group
+    ref = copy.deepcopy(hf_tiny).requires_grad_(False)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p), alpha=0.02)
     weights = token_weights(traces, "token")
     rows = build_rows(traces, advantages, weights)
     prompt = len(traces[0].sequences[0].prompt_ids)
@@ -220,11 +227,11 @@ def test_samples_of_one_prompt_share_it_and_give_the_same_gradient_and_metrics(h
         hf_tiny.zero_grad()
         metrics = []
         for mb in pack(rs, 4 * budget):
-            loss, m = microbatch_loss(hf_tiny, mb, LossConfig())
+            loss, m = microbatch_loss(hf_tiny, mb, LossConfig(kl_coef=0.1), ref_model=ref)
             loss.backward()
             metrics.append(m)
         grad = torch.cat([p.grad.flatten() for p in hf_tiny.parameters()]).clone()
-        return grad, {k: sum(m[k].item() for m in metrics) for k in ("logp", "mismatch_kl", "tokens")}
+        return grad, {k: sum(m[k].item() for m in metrics) for k in ("logp", "mismatch_kl", "kl_ref", "tokens")}
 
     shared = share_prefixes(rows, budget)
     trees = [r for r in shared if r.members]
@@ -239,3 +246,4 @@ def test_samples_of_one_prompt_share_it_and_give_the_same_gradient_and_metrics(h
     assert tree["tokens"] == plain["tokens"]
     assert tree["logp"] == pytest.approx(plain["logp"], rel=1e-5)
     assert tree["mismatch_kl"] == pytest.approx(plain["mismatch_kl"], abs=1e-6)
+    assert plain["kl_ref"] > 1e-3 and tree["kl_ref"] == pytest.approx(plain["kl_ref"], rel=1e-4)

@@ -12,7 +12,7 @@ setup:
 	@bash scripts/setup.sh
 
 test: setup
-	$(PY) -m pytest tests -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q --durations=40 $(PYTEST_ARGS)
 
 # Everything but the end-to-end runs (marked slow): under 3 minutes on 2 cores.
 test-fast: setup

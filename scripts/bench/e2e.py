@@ -153,7 +153,9 @@ def _speed_of_light(model: str, overrides: list[str], steps: int, run_dir: str) 
                 "rollout": {"step_s": round(wait, 2), "engine_alone_s": round(engine_s, 2),
                             "engines_busy_s": round(m["perf/engine_busy_s"], 2),
                             "engines_idle_s": round(m["perf/engine_idle_s"], 2)},
-                "train": {"step_s": round(train_s, 2), "plain_loop_s": round(plain_s, 2)},
+                # learner_s: inside the ranks (the rest of step_s: packing, Ray calls, sharding)
+                "train": {"step_s": round(train_s, 2), "plain_loop_s": round(plain_s, 2),
+                          "learner_s": round(sum(m[f"perf/{p}/learner_s"] for p in summary["trainable_policies"]), 2)},
                 "sync": {"step_s": round(sync_s, 2), "memcpy_s": round(copy_s, 3), "bytes": nbytes},
                 "loop_other_s": round(step_s - wait - train_s - sync_s, 2)},
             "run_s": round(run_s, 1), "final_reward": round(m["rollout/reward"], 3),

@@ -72,11 +72,6 @@ class EngineConfig:
     # "|"); a share is split over tensor_parallel_size ranks
     cpu_cores: str = "auto"
     enforce_eager: bool = True  # skip CUDA graphs / torch.compile (start-up time on CPU)
-    # CPU only: how the engine starts vLLM's engine-core and worker processes. "fork": from the
-    # engine actor, which has vLLM imported already (~30 s sooner per engine on a 2-core box; the
-    # worker applies cpu_cores' binding itself); "spawn": vLLM's CPU default, fresh interpreters
-    # that import vLLM again. GPU engines always spawn (CUDA cannot be forked).
-    start_method: str = "fork"
     start_timeout_s: float = 300.0  # engine start (model load) limit
     request_timeout_s: float = 600.0  # one model call longer than this fails its trace (the request is cancelled)
     sync_timeout_s: float = 600.0  # loading new weights into the engines longer than this stops the run
@@ -359,8 +354,6 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
                 or (not share and re.fullmatch(r"[0-9,\-|]+", engine.cpu_cores))):
             raise ValueError(f"{where}.cpu_cores={engine.cpu_cores!r}: auto, all, i/n (the i-th of n shares of the "
                              f"cores, i < n), or core ids like 0-1 (tensor-parallel ranks split by |)")
-        if engine.start_method not in ("fork", "spawn"):
-            raise ValueError(f"{where}.start_method={engine.start_method!r}: fork or spawn")
         lora = table[policy].lora
         if lora is not None:
             where = f"policies.{policy}.lora"

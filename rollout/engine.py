@@ -76,40 +76,6 @@ def bind_cpu_cores(cfg: EngineConfig) -> None:
         ",".join(map(str, mine[r * per:(r + 1) * per])) for r in range(k))
 
 
-def fork_engine_processes() -> None:
-    """Make this CPU engine fork vLLM's engine-core and worker processes instead of spawning them
-    (`engine.start_method=fork`). Call after vLLM's config is made: its CPU platform sets spawn
-    then, so that each worker's OpenMP runtime reads the worker's core binding from the
-    environment when it loads, at the cost of two fresh interpreters importing vLLM (~15 s each
-    here). A forked worker inherits this actor's OpenMP runtime instead, so it applies the binding
-    vLLM set for it (its core list and thread count) itself, as it starts."""
-    from vllm.utils import system_utils
-
-    # vLLM forces spawn inside any Ray actor, for CUDA's sake; this is a CPU engine
-    system_utils._maybe_force_spawn = lambda: None
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-    if not getattr(fork_engine_processes, "registered", False):
-        os.register_at_fork(after_in_child=_bind_forked_worker)
-        fork_engine_processes.registered = True
-
-
-def _bind_forked_worker() -> None:
-    """In a forked child: the OpenMP binding vLLM put in the environment for the worker it is
-    starting (OMP_NUM_THREADS with OMP_PLACES, GOMP_CPU_AFFINITY or KMP_AFFINITY's proclist), if
-    any, applied to this process. The engine core is forked without one and keeps the actor's.
-    Threads the OpenMP runtime starts later inherit the process's cores."""
-    env = os.environ
-    kmp = re.search(r"proclist=\[([0-9,]+)\]", env.get("KMP_AFFINITY", ""))
-    listed = (env.get("OMP_PLACES", "").strip("{}") or env.get("GOMP_CPU_AFFINITY", "").replace(" ", ",")
-              or (kmp[1] if kmp else ""))
-    if not listed or "OMP_NUM_THREADS" not in env:
-        return
-    import torch
-
-    os.sched_setaffinity(0, {int(c) for c in listed.split(",")})
-    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-
-
 def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
                 max_model_len: int = 2048, seed: int = 0, adapters: dict[str, LoraConfig] | None = None):
     """vLLM engine arguments for one engine; CPU and GPU differ only in KV-cache sizing and prefill
@@ -190,12 +156,8 @@ class Engine:
 
         self._clock = StepClock()  # the engine-core steps' time (rollout/engine_clock.py)
         t0 = time.perf_counter()
-        args = engine_args(model_path, cfg, dtype, max_model_len, seed, self.adapters)
-        vllm_config = args.create_engine_config()
-        if cfg.num_gpus == 0 and cfg.start_method == "fork":
-            fork_engine_processes()
-        self._llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[lambda vllm_config, index: self._clock],
-                                              disable_log_stats=args.disable_log_stats)
+        self._llm = AsyncLLM.from_engine_args(engine_args(model_path, cfg, dtype, max_model_len, seed, self.adapters),
+                                              stat_loggers=[lambda vllm_config, index: self._clock])
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
         self._active = 0  # requests in flight
@@ -385,12 +347,6 @@ class Engine:
                 "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
                 "busy_s": busy, "steps": self._clock.totals(), "active": self._active, "finished": self._finished, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
-
-    async def workers(self) -> list[dict]:
-        """Each vLLM worker process's pid, OpenMP threads, cores and start (rollout/vllm_ext.py)."""
-        from rollout.vllm_ext import WeightSyncExtension
-
-        return await self._llm.collective_rpc(WeightSyncExtension.tracerl_process.__name__)
 
     async def shutdown(self) -> None:
         self._llm.shutdown()

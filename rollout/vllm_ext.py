@@ -85,18 +85,6 @@ class WeightSyncExtension:
 
         return self._tracerl_reload(tensors()), receive_s
 
-    def tracerl_process(self) -> dict:
-        """How this worker process runs: its pid, OpenMP threads, cores, and whether it was
-        forked from the engine actor (it then has the actor's modules, rollout.engine among them,
-        which a spawned worker never imports)."""
-        import os
-        import sys
-
-        import torch
-
-        return {"pid": os.getpid(), "threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0)),
-                "forked": "rollout.engine" in sys.modules}
-
     def _tracerl_reload(self, weights) -> int:
         """vLLM's in-place reload of `weights` ((HF name, tensor) pairs): only the layers they
         touch are re-processed (on CPU: their GEMM weights repacked)."""

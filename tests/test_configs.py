@@ -230,7 +230,6 @@ def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
     (["engine.block_size=16"], r"engine.block_size=16 must be a multiple of 32 \(vLLM's CPU attention\)"),
     (["agents.verifier=critic", "+policies.critic.engine.cpu_cores=half"],
      r"policies.critic.engine.cpu_cores='half': auto, all, i/n \(the i-th of n shares"),
-    (["engine.start_method=forkserver"], r"engine.start_method='forkserver': fork or spawn"),
 ])
 def test_policy_config_errors_name_the_key_and_the_fix(overrides, msg):
     with pytest.raises((ValueError, ConfigCompositionException), match=msg):

@@ -139,40 +139,6 @@ def test_cpu_cores_give_each_engine_its_share_of_the_cores(monkeypatch):
         bound(cpu_cores=f"0/{len(cores)}", tensor_parallel_size=4)
 
 
-def test_a_forked_engine_binds_its_worker_as_a_spawned_one_does(ray_cluster, tiny_path, tiny_tokenizer, engine_cfg):
-    """engine.start_method=fork starts vLLM's processes from the engine actor (no second import of
-    vLLM); the worker then applies engine.cpu_cores itself: the threads and cores vLLM's own spawn
-    gives it, not the actor's (one OpenMP thread, every core)."""
-    import dataclasses
-    import os
-
-    from rollout.cluster import spawn_engines
-    from rollout.config import ModelConfig
-
-    cores = sorted(os.sched_getaffinity(0))
-    half = len(cores) // 2
-    starts = {"fork_all": ("fork", "all"), "fork_last": ("fork", "1/2"), "spawn_last": ("spawn", "1/2")}
-    pools = spawn_engines({name: (tiny_path, ModelConfig(name="tiny"),
-                                  dataclasses.replace(engine_cfg, start_method=method, cpu_cores=share))
-                           for name, (method, share) in starts.items()})
-    try:
-        seen = {}
-        for name, [e] in pools.items():
-            [worker] = ray.get(e.workers.remote(), timeout=60)
-            assert worker["pid"] != ray.get(e.info.remote(), timeout=60)["pid"]
-            [c] = ray.get(e.generate.remote(chat_prompt(tiny_tokenizer), SamplingConfig(max_tokens=8)), timeout=120)
-            assert len(c.completion_ids) > 0
-            seen[name] = worker
-        assert [seen[n]["forked"] for n in starts] == [True, True, False]
-        assert (seen["fork_all"]["threads"], seen["fork_all"]["cores"]) == (len(cores), cores)
-        assert (seen["fork_last"]["threads"], seen["fork_last"]["cores"]) == (len(cores) - half, cores[half:])
-        assert (seen["spawn_last"]["threads"], seen["spawn_last"]["cores"]) == (len(cores) - half, cores[half:])
-    finally:
-        for [e] in pools.values():
-            ray.get(e.shutdown.remote(), timeout=60)
-            ray.kill(e)
-
-
 def test_prompt_too_long_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="exceeds model.max_model_len"):
         ray.get(engine.generate.remote([5] * 2040, SamplingConfig(max_tokens=64)))

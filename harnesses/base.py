@@ -18,6 +18,8 @@ Harnesses and tasks import no Ray, torch or vLLM.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import importlib
 import inspect
@@ -27,7 +29,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol, Union
+from typing import Any, Awaitable, Callable, Iterator, Protocol, Union
 
 
 # ---- tasks ---------------------------------------------------------------------------
@@ -43,6 +45,31 @@ class Task(Protocol):
     def score(self, text: str) -> float:
         """Reward in [0, 1] for a model's final output text."""
         ...
+
+
+# Why a score was what it was (e.g. an answer refused unread), for the trace's info["scoring"]:
+# the rollout worker collects around each episode; a task's score() notes. A ContextVar, so that
+# concurrent episodes on one event loop (each its own asyncio task) keep separate lists.
+_SCORING_NOTES: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("scoring_notes", default=None)
+
+
+@contextlib.contextmanager
+def collect_scoring_notes() -> Iterator[list[str]]:
+    """Collect the notes `note_scoring` makes inside the block into the list it yields."""
+    notes: list[str] = []
+    token = _SCORING_NOTES.set(notes)
+    try:
+        yield notes
+    finally:
+        _SCORING_NOTES.reset(token)
+
+
+def note_scoring(reason: str) -> None:
+    """Record why a score was given, in the innermost active `collect_scoring_notes`; a no-op
+    outside one."""
+    notes = _SCORING_NOTES.get()
+    if notes is not None:
+        notes.append(reason)
 
 
 def normalize_question(text: str) -> str:

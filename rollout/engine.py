@@ -11,7 +11,16 @@ class runs vLLM's CPU build and the CUDA build; only EngineConfig differs.
 An engine that dies is restarted by Ray (`engine.max_restarts`) with the same
 arguments; before its first request it loads its policies' newest weights and
 versions from their `WeightStore`s, so nothing it serves is older than what the
-run had pushed. `health()` is the watchdog's probe (rollout/fleet.py).
+run had pushed. `health()` is the watchdog's probe (rollout/fleet.py). When
+vLLM's engine-core process dies (the OOM killer, a CUDA fault) the actor would
+stay alive with every call failing: instead, the first call that meets the dead
+core ends the actor's process, so Ray restarts it like any dead engine and the
+router sends its requests again.
+
+Weight loads on one engine run one at a time (a late collective load and the
+object-store fallback that replaces it never interleave their pause, load and
+resume); `info()["loading_s"]` tells the watchdog a load is in progress, which
+is not a hang while it keeps within engine.sync_timeout_s.
 
 LoRA: an engine started with `adapters` (policy -> LoraConfig) serves its base
 model and each adapter side by side (vLLM multi-LoRA). A request names its
@@ -23,6 +32,8 @@ adapter; until its first push an adapter is its base (PEFT starts lora_B at 0).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import re
 import shutil
@@ -30,7 +41,6 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +140,20 @@ def sampling_params(s: SamplingConfig, seed: int | None = None):
         output_kind=RequestOutputKind.FINAL_ONLY)
 
 
+def _dies_with_core(method):
+    """`method`, except that a failure that finds vLLM's engine core dead ends this process
+    (Engine._exit_for_restart) instead of answering: Ray restarts the engine."""
+    @functools.wraps(method)
+    async def wrapper(self, *args, **kwargs):
+        try:
+            return await method(self, *args, **kwargs)
+        except Exception:
+            self._exit_if_core_died()
+            raise
+
+    return wrapper
+
+
 class Engine:
     """Owns one vLLM AsyncLLM. All methods are async: Ray runs it as an async actor."""
 
@@ -166,6 +190,19 @@ class Engine:
         self._busy_since = 0.0
         self._stores, self._index = dict(stores or {}), index
         self._caught_up: asyncio.Task | None = None  # loading the store's newest weights, once
+        self._load_lock = asyncio.Lock()  # one weight load at a time
+        self._loading_since: float | None = None  # monotonic start of the load holding the lock
+        self._loads_waiting = 0  # loads queued behind it
+        self._shut_down = False  # shutdown() stopped vLLM on purpose
+
+    def _exit_if_core_died(self) -> None:
+        """vLLM's engine-core process is gone (its monitor thread marks the client dead): this actor
+        can never serve again, so it exits with an error and Ray restarts it (engine.max_restarts).
+        os._exit, not ray.actor.exit_actor: Ray does not restart an actor that exits on purpose."""
+        if self._llm.errored and not self._shut_down:
+            print(f"[engine] {self.policy!r} engine {self._index}: vLLM's engine core died; exiting so Ray "
+                  f"restarts this engine", flush=True)
+            os._exit(1)
 
     async def _current(self) -> None:
         """Before anything else this process does: check in with the stores and load each policy's
@@ -174,7 +211,12 @@ class Engine:
             return
         if self._caught_up is None:
             self._caught_up = asyncio.ensure_future(self._catch_up())
-        await asyncio.shield(self._caught_up)
+        try:
+            await asyncio.shield(self._caught_up)
+        except Exception:
+            if self._caught_up.done():  # failed (e.g. a lost store ref): the next call tries again
+                self._caught_up = None
+            raise
 
     async def _catch_up(self) -> None:
         for policy, store in self._stores.items():
@@ -183,6 +225,7 @@ class Engine:
                 await self._load(version, await refs[0], policy)
 
     # ------------------------------------------------------------ generation
+    @_dies_with_core
     async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
                        seed: int | None = None, policy: str | None = None) -> list[Completion]:
         """Sample `sampling.n` completions of `prompt_ids` with `policy`'s weights (an adapter
@@ -207,7 +250,7 @@ class Engine:
             finish_reason=o.finish_reason or "abort",
             version=version) for o in final.outputs]
 
-    @contextmanager
+    @contextlib.contextmanager
     def _in_flight(self):
         """Count a request in flight for the busy time (`info()["busy_s"]`) and the step clock."""
         if self._active == 0:
@@ -228,6 +271,7 @@ class Engine:
             return self.adapter_versions[policy], self._lora.get(policy)
         return self.version, None
 
+    @_dies_with_core
     async def score(self, prompt_ids: list[int], completion_ids: list[int],
                     policy: str | None = None) -> list[float]:
         """Log-probs `policy`'s current weights give `completion_ids` after `prompt_ids` (no sampling)."""
@@ -247,6 +291,7 @@ class Engine:
         return [plp[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
 
     # ---------------------------------------------------------- weight sync
+    @_dies_with_core
     async def update_weights(self, version: int, buckets: list[bytes], policy: str | None = None) -> dict[str, float]:
         """Load safetensors-serialised weights in place and tag later outputs of `policy` with
         `version`: an adapter policy's adapter tensors (only that adapter changes), else the base's.
@@ -268,18 +313,35 @@ class Engine:
             return await self._load_adapter(policy, version, buckets)
         return await self._swap_base(version, WeightSyncExtension.tracerl_load_weights.__name__, buckets)
 
+    @contextlib.asynccontextmanager
+    async def _loading(self):
+        """Hold the engine's one weight-load slot (later loads queue), marked as loading for `info()`."""
+        self._loads_waiting += 1
+        try:
+            await self._load_lock.acquire()
+        finally:
+            self._loads_waiting -= 1
+        self._loading_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._loading_since = None
+            self._load_lock.release()
+
     async def _swap_base(self, version: int, method: str, *args) -> int:
         """Run the worker's load `method` with generation paused; the prefix cache (computed
         with the old weights) is reset and later outputs carry `version`."""
-        await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
-        try:
-            loaded = await self._llm.collective_rpc(method, args=args)
-            await self._llm.reset_prefix_cache()
-            self.version = version
-        finally:
-            await self._llm.resume_generation()
+        async with self._loading():
+            await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
+            try:
+                loaded = await self._llm.collective_rpc(method, args=args)
+                await self._llm.reset_prefix_cache()
+                self.version = version
+            finally:
+                await self._llm.resume_generation()
         return loaded[0]
 
+    @_dies_with_core
     async def open_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
                                 timeout_s: float) -> None:
         """Join the base policy's weight group as `rank` (trainer/weight_sync.py::CollectiveSync);
@@ -290,6 +352,7 @@ class Engine:
         await self._llm.collective_rpc(WeightSyncExtension.tracerl_open_weight_group.__name__,
                                        args=(host, port, rank, world_size, backend, timeout_s))
 
+    @_dies_with_core
     async def receive_weights(self, version: int, layout: list) -> dict[str, float]:
         """Take the base weights the learner's rank 0 broadcasts over the weight group, in
         `layout` order, and load them in place as `version` (paused as in `update_weights`)."""
@@ -310,19 +373,21 @@ class Engine:
         from rollout.lora import write_adapter
 
         folder = self._adapter_dir / policy
-        tensors = write_adapter(folder, self.adapters[policy], self.model_path, buckets)
         lora_id = sorted(self.adapters).index(policy) + 1
-        await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
-        try:
-            await self._llm.add_lora(LoRARequest(policy, lora_id, str(folder), load_inplace=True))
-            await self._llm.reset_prefix_cache()
-            # what requests carry: the same adapter, not reloaded per request
-            self._lora[policy] = LoRARequest(policy, lora_id, str(folder))
-            self.adapter_versions[policy] = version
-        finally:
-            await self._llm.resume_generation()
+        async with self._loading():
+            tensors = write_adapter(folder, self.adapters[policy], self.model_path, buckets)
+            await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
+            try:
+                await self._llm.add_lora(LoRARequest(policy, lora_id, str(folder), load_inplace=True))
+                await self._llm.reset_prefix_cache()
+                # what requests carry: the same adapter, not reloaded per request
+                self._lora[policy] = LoRARequest(policy, lora_id, str(folder))
+                self.adapter_versions[policy] = version
+            finally:
+                await self._llm.resume_generation()
         return tensors
 
+    @_dies_with_core
     async def health(self) -> int:
         """A one-token generation: answers only if the engine core is alive and scheduling."""
         from vllm import SamplingParams
@@ -337,8 +402,11 @@ class Engine:
 
     # ------------------------------------------------------------ metadata
     async def info(self) -> dict:
+        """What the engine serves and how busy it is; `loading_s`: seconds into the weight load in
+        progress (None: none), `loads_waiting`: loads queued behind it."""
         import ray
 
+        self._exit_if_core_died()
         await self._current()
 
         busy = self._busy_s + (time.perf_counter() - self._busy_since if self._active else 0.0)
@@ -346,9 +414,12 @@ class Engine:
                 "vocab_size": self.vocab_size,
                 "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
                 "busy_s": busy, "steps": self._clock.totals(), "active": self._active, "finished": self._finished, "pid": os.getpid(),
+                "loading_s": None if self._loading_since is None else time.monotonic() - self._loading_since,
+                "loads_waiting": self._loads_waiting,
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
 
     async def shutdown(self) -> None:
+        self._shut_down = True
         self._llm.shutdown()
         if self._adapter_dir is not None:
             shutil.rmtree(self._adapter_dir, ignore_errors=True)

@@ -42,7 +42,7 @@ class RolloutFleet:
         self.engines: dict[str, list] = {}  # policy -> its pool's Engine actor handles
         self.stores: dict = {}  # policy -> WeightStore actor (a restarted engine's newest weights)
         self.buffer = None
-        self.hung_restarts = 0  # engines the watchdog had restarted for not answering a probe
+        self.hung_restarts = 0  # engines the watchdog had restarted (a probe not answered, or failed)
         self._stop_watch = threading.Event()
         self._watchdog: threading.Thread | None = None
         self.workers: list = []
@@ -120,17 +120,20 @@ class RolloutFleet:
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            if not wait_until_restarted(self.workers[worker], "stats", self.cfg.rollout.worker_restart_timeout_s):
-                raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it within "
-                                   f"rollout.worker_restart_timeout_s={self.cfg.rollout.worker_restart_timeout_s} "
-                                   f"(killed for good, or past rollout.max_worker_restarts="
-                                   f"{self.cfg.rollout.max_worker_restarts}): {e}") from e
-            self.worker_restarts += 1
-            print(f"[rollout] worker {worker} died ({type(e).__name__}); running its unfinished groups again",
-                  flush=True)
+            self._await_restart(worker, e, "running its unfinished groups again")
             self._inflight[self.workers[worker].run.remote(tasks, rerun=True)] = (worker, tasks)
         except Exception as e:
             raise RuntimeError(f"rollout worker {worker} failed: {e}") from e
+
+    def _await_restart(self, worker: int, error: Exception, then: str) -> None:
+        """Wait until Ray has restarted dead rollout worker `worker`; RuntimeError if it does not come back."""
+        limit = self.cfg.rollout.worker_restart_timeout_s
+        if not wait_until_restarted(self.workers[worker], "stats", limit):
+            raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it within "
+                               f"rollout.worker_restart_timeout_s={limit} (killed for good, or past "
+                               f"rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): {error}") from error
+        self.worker_restarts += 1
+        print(f"[rollout] worker {worker} died ({type(error).__name__}); {then}", flush=True)
 
     def _short(self, why: str, groups: list, num_groups: int) -> str:
         return (f"rollout: {why} with {len(groups)}/{num_groups} complete groups; buffer: "
@@ -139,19 +142,28 @@ class RolloutFleet:
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, size: int, sampling: SamplingConfig, timeout_s: float) -> list[Trace]:
         """One harness run on each of the first `size` held-out tasks with `sampling` (not
-        buffered, not trained on); traces in task order."""
+        buffered, not trained on); traces in task order. A worker that dies meanwhile is waited
+        for (Ray restarts it) and runs its share again."""
         n = len(self.workers)
-        refs = [w.evaluate.remote(list(range(i, size, n)), sampling) for i, w in enumerate(self.workers)]
-        try:
-            parts = ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            for ref in refs:
-                ray.cancel(ref)
-            raise TimeoutError(f"evaluation of {size} held-out tasks took longer than "
-                               f"eval.timeout_s={timeout_s}") from None
+        shares = {i: list(range(i, size, n)) for i in range(n)}
+        pending = {w.evaluate.remote(shares[i], sampling): i for i, w in enumerate(self.workers) if shares[i]}
+        deadline = time.monotonic() + timeout_s
         traces: list = [None] * size
-        for i, part in enumerate(parts):
-            for index, trace in zip(range(i, size, n), part):
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                for ref in pending:
+                    ray.cancel(ref)
+                raise TimeoutError(f"evaluation of {size} held-out tasks took longer than "
+                                   f"eval.timeout_s={timeout_s}")
+            i = pending.pop(done[0])
+            try:
+                part = ray.get(done[0])
+            except ray.exceptions.RayActorError as e:
+                self._await_restart(i, e, "evaluating its share of the held-out tasks again")
+                pending[self.workers[i].evaluate.remote(shares[i], sampling)] = i
+                continue
+            for index, trace in zip(shares[i], part):
                 traces[index] = trace
         return traces
 
@@ -194,15 +206,17 @@ class RolloutFleet:
         cfg = self.cfg.pool_engine(self.pool_members[pool])
         if cfg.health_check_s <= 0:
             return
-        verdict = probe_engine(engine, cfg.health_timeout_s)
-        if verdict == "busy":
+        verdict = probe_engine(engine, cfg.health_timeout_s, cfg.sync_timeout_s)
+        if verdict in ("busy", "loading"):
+            why = ("it finished requests meanwhile" if verdict == "busy" else
+                   f"it is loading weights (within engine.sync_timeout_s={cfg.sync_timeout_s})")
             print(f"[rollout] engine {index} of {pool!r}: a health probe waited over engine.health_timeout_s="
-                  f"{cfg.health_timeout_s} behind its queue, but it finished requests meanwhile: busy, not hung",
-                  flush=True)
-        if verdict != "hung":
+                  f"{cfg.health_timeout_s}, but {why}: {verdict}, not hung", flush=True)
+        if verdict not in ("hung", "broken"):
             return
-        print(f"[rollout] engine {index} of {pool!r} did not answer a health probe within "
-              f"engine.health_timeout_s={cfg.health_timeout_s}: restarting it", flush=True)
+        print(f"[rollout] engine {index} of {pool!r} " + (
+            f"did not answer a health probe within engine.health_timeout_s={cfg.health_timeout_s}"
+            if verdict == "hung" else "answered a health probe with an error") + ": restarting it", flush=True)
         self.hung_restarts += 1
         ray.kill(engine, no_restart=False)
         time.sleep(1.0)  # let Ray see it die before asking for it
@@ -221,24 +235,41 @@ class RolloutFleet:
         self.workers, self.buffer, self.pools, self.engines, self.stores, self._inflight = [], None, {}, {}, {}, {}
 
 
-def probe_engine(engine, timeout_s: float) -> str:
+def probe_engine(engine, timeout_s: float, load_timeout_s: float = float("inf")) -> str:
     """One health probe of an engine: "ok" (answered within `timeout_s`, or died: Ray restarts
-    it), "restarting" (Ray is restarting it: a start, not a hang), "busy" (no answer, but it
-    finished requests meanwhile: the probe queued behind them) or "hung"."""
+    it), "restarting" (Ray is restarting it: a start, not a hang), "loading" (no answer, but a
+    weight load is in progress, which pauses generation, for less than `load_timeout_s`:
+    engine.sync_timeout_s), "busy" (no answer, but it finished requests meanwhile: the probe
+    queued behind them), "broken" (it answered with an error: it cannot serve) or "hung"."""
     start = engine.info.remote()  # answered at once by a live actor, however busy its engine core
-    if ray.wait([engine.health.remote()], timeout=timeout_s)[0]:
+    probe = engine.health.remote()
+    if ray.wait([probe], timeout=timeout_s)[0]:
+        try:
+            ray.get(probe)
+        except ray.exceptions.RayActorError:  # it died: Ray restarts it
+            return "ok"
+        except ray.exceptions.RayError:
+            return "broken"
         return "ok"
     if actor_state(engine) != "ALIVE":
         return "restarting"
-    before = finished_requests(start, 0.0)  # not answered in all that time: the actor is stuck
+    info = engine_info(start, 0.0)  # not answered in all that time: the actor is stuck
+    if info is not None and info.get("loading_s") is not None and info["loading_s"] < load_timeout_s:
+        return "loading"
+    before = info["finished"] if info is not None else None
     after = finished_requests(engine.info.remote(), min(timeout_s, 30.0)) if before is not None else None
     return "busy" if after is not None and after > before else "hung"
 
 
-def finished_requests(info_ref, timeout_s: float) -> int | None:
-    """The requests an engine had answered, from its `info()` call; None if not answered in time."""
+def engine_info(info_ref, timeout_s: float) -> dict | None:
+    """An engine's `info()` answer; None if not answered in time (or it failed)."""
     try:
-        return ray.get(info_ref, timeout=timeout_s)["finished"]
+        return ray.get(info_ref, timeout=timeout_s)
     except Exception:
         return None
 
+
+def finished_requests(info_ref, timeout_s: float) -> int | None:
+    """The requests an engine had answered, from its `info()` call; None if not answered in time."""
+    info = engine_info(info_ref, timeout_s)
+    return None if info is None else info["finished"]

@@ -5,13 +5,16 @@ The fleet runs tests/rollout/flaky_harnesses.py's `flaky`: one model call, then 
 task 1, hangs on task 2 (until rollout.timeout_s) and behaves on tasks 0 and 5-7.
 """
 
+import asyncio
 import time
 
+import psutil
 import pytest
 import ray
 
 from rollout.config import SamplingConfig
 from rollout.fleet import RolloutFleet
+from rollout.router import Router
 from trainer.config import compose
 
 pytestmark = pytest.mark.slow  # a fleet starts its own engine (~30 s)
@@ -58,6 +61,46 @@ def test_take_of_more_than_was_submitted_fails_at_once(fleet):
     with pytest.raises(RuntimeError, match="every submitted episode finished with 1/2 complete groups"):
         fleet.take(2, timeout_s=600)
     assert time.monotonic() - t0 < 60, "no wait for the deadline when nothing more can come"
+
+
+def test_a_dead_engine_core_is_an_engine_death_and_heals(fleet):
+    """vLLM's engine-core process dies (killed here; the OOM killer or a CUDA fault in a run), not
+    the engine actor: the next call that meets the dead core ends the actor, Ray restarts it, and
+    the router sends the request again: every trace comes back, one engine restart counted. (Before,
+    the actor lived on with every request failing: ~1/n of all traces failed for the rest of the run.)"""
+    [engine] = fleet.engines["main"]
+    pid = ray.get(engine.info.remote(), timeout=60)["pid"]
+    cores = [p for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())
+             or "EngineCore" in p.name()]
+    assert cores, "vLLM's engine core runs in a child process of the engine actor"
+    restarts = fleet.engine_restarts()
+    for core in cores:
+        core.kill()
+    psutil.wait_procs(cores, timeout=30)
+    router = Router([engine], "main", timeout_s=300, restart_timeout_s=300)
+    [c] = asyncio.run(router.generate("trace-0", [5, 6, 7], SamplingConfig(max_tokens=4)))
+    assert len(c.completion_ids) > 0 and router.resent["trace-0"] == 1, "sent again to the restarted engine"
+    fleet.submit([0, 5])
+    groups = fleet.take(2, timeout_s=120)
+    assert [t.error for g in groups for t in g if t.status == "failed"] == []
+    assert fleet.engine_restarts() == restarts + 1
+    assert ray.get(engine.info.remote(), timeout=60)["pid"] != pid, "a new engine process serves"
+
+
+def test_evaluation_survives_a_worker_that_dies(fleet):
+    """A rollout worker killed during evaluation (Ray restarts it) evaluates its share again: the
+    evaluation comes back whole and in order (before, the run stopped with the worker's error)."""
+    import threading
+
+    restarts, out = fleet.worker_restarts, {}
+    sampling = SamplingConfig(temperature=0.0, max_tokens=8)
+    run = threading.Thread(target=lambda: out.update(traces=fleet.evaluate(4, sampling, timeout_s=300)))
+    run.start()
+    time.sleep(1.0)  # worker 0 is inside task 2's 5 s hang
+    ray.kill(fleet.workers[0], no_restart=False)
+    run.join(timeout=320)
+    assert [t.info["task"] for t in out["traces"]] == [f"chain_sum/eval/{i}" for i in range(4)]
+    assert fleet.worker_restarts == restarts + 1
 
 
 def test_a_hung_rollout_times_out_and_a_dead_worker_surfaces(fleet):

@@ -34,6 +34,10 @@ class TraceBuffer:
 
     async def put(self, trace: Trace | dict[str, Any]) -> bool:
         """Add one trace; returns False (and records why) if it is malformed."""
+        return await self.offer(trace) is None
+
+    async def offer(self, trace: Trace | dict[str, Any]) -> str | None:
+        """Add one trace; returns why it was rejected (also recorded), None if it was taken."""
         try:
             if isinstance(trace, dict):
                 trace = Trace.from_dict(trace)
@@ -43,7 +47,7 @@ class TraceBuffer:
         except (TraceError, TypeError) as e:
             self.counts["rejected"] += 1
             self.errors = (self.errors + [str(e)])[-self._max_errors_kept:]
-            return False
+            return str(e)
         self.counts["received"] += 1
         self.counts[f"status_{trace.status}"] += 1
         group = self._partial.setdefault(trace.group, [])
@@ -55,7 +59,7 @@ class TraceBuffer:
                 self._ready.append(group)
                 self.counts["groups_ready"] += 1
                 self._cond.notify_all()
-        return True
+        return None
 
     async def get(self, num_groups: int, timeout_s: float | None = None, call: int = 0) -> list[list[Trace]]:
         """Block until `num_groups` complete groups are ready, then take them.

@@ -73,7 +73,7 @@ class EngineConfig:
     cpu_cores: str = "auto"
     enforce_eager: bool = True  # skip CUDA graphs / torch.compile (start-up time on CPU)
     start_timeout_s: float = 300.0  # engine start (model load) limit
-    request_timeout_s: float = 600.0  # one model call longer than this fails its trace (the request is cancelled)
+    request_timeout_s: float = 240.0  # one model call longer than this is cancelled and its episode run again (< rollout.timeout_s)
     sync_timeout_s: float = 600.0  # loading new weights into the engines longer than this stops the run
     max_restarts: int = 3  # times Ray restarts a dead (or hung: see health_*) engine; past it the run stops
     health_check_s: float = 30.0  # seconds between health probes of each engine (0: no probes)
@@ -344,6 +344,7 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
         where = f"policies.{policy}.engine" if table[policy].engine else "engine"
         if engine.num_engines < 1 or engine.kv_cache_gb <= 0:
             raise ValueError(f"{where}.num_engines must be >= 1 and {where}.kv_cache_gb > 0")
+        check_engine_waits(engine, where, cfg.rollout)
         if engine.block_size is not None and (engine.block_size <= 0 or engine.block_size % (16 if engine.num_gpus
                                                                                             else 32)):
             raise ValueError(f"{where}.block_size={engine.block_size} must be a multiple of "
@@ -374,6 +375,25 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
                 raise ValueError(f"policies {pool} share engines (LoRA adapters and frozen policies of one base "
                                  f"model) but their engine settings differ ({pool[0]!r} vs {policy!r}): set "
                                  f"policies.<name>.engine the same for all of them, or only on none")
+
+
+def check_engine_waits(engine: EngineConfig, where: str, rollout: RolloutConfig) -> None:
+    """The engine's deadlines are positive and fit together: a request ends before its episode
+    does (else a hung request can never be retried) and, when a weight load waits for the requests
+    in flight, before the load's own deadline. Ray reads max_restarts=-1 as "forever": refused."""
+    for key in ("start_timeout_s", "request_timeout_s", "sync_timeout_s", "health_timeout_s"):
+        if not getattr(engine, key) > 0:
+            raise ValueError(f"{where}.{key}={getattr(engine, key)} must be > 0")
+    if engine.health_check_s < 0 or engine.max_restarts < 0:
+        raise ValueError(f"{where}.health_check_s (0: no probes) and {where}.max_restarts must be >= 0")
+    if engine.request_timeout_s >= rollout.timeout_s:
+        raise ValueError(f"{where}.request_timeout_s={engine.request_timeout_s} must be < rollout.timeout_s="
+                         f"{rollout.timeout_s}: a hung request is cancelled and its episode run again only if it "
+                         f"times out before the episode does; lower it or raise rollout.timeout_s")
+    if engine.sync_pause_mode == SyncPauseMode.wait and engine.sync_timeout_s <= engine.request_timeout_s:
+        raise ValueError(f"{where}.sync_timeout_s={engine.sync_timeout_s} must be > {where}.request_timeout_s="
+                         f"{engine.request_timeout_s}: with sync_pause_mode=wait a weight load first waits for "
+                         f"the requests in flight")
 
 
 def register_configs() -> None:

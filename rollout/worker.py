@@ -14,7 +14,7 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from harnesses.base import as_result, load_harness
+from harnesses.base import as_result, collect_scoring_notes, load_harness
 from rollout.client import Agent, ChatFormat, TraceRecorder
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
 from rollout.router import EngineError, Router
@@ -79,8 +79,9 @@ class RolloutWorker:
         status, error, result, engine_failed = "ok", None, None, False
         deadline = asyncio.timeout(self.cfg.timeout_s)
         try:
-            async with deadline:
-                result = as_result(await self.harness(task, agents, **self.harness_options))
+            with collect_scoring_notes() as notes:
+                async with deadline:
+                    result = as_result(await self.harness(task, agents, **self.harness_options))
         except TimeoutError as e:  # the run's deadline, or a timeout the harness itself raised
             status, error = "failed", (f"timeout: harness ran past rollout.timeout_s={self.cfg.timeout_s}"
                                        if deadline.expired() else _describe(e))
@@ -96,16 +97,22 @@ class RolloutWorker:
                       reward=result.reward if result else 0.0,
                       agent_rewards=result.agent_rewards if result else None,
                       status=status, error=error,
-                      info={"task": task.id, "question": task.question, "worker": self.worker_id,
-                            **({"requests_resent": resent} if resent else {}), **(result.info if result else {})},
+                      info={**(result.info if result else {}), **self._task_info(task),
+                            **({"requests_resent": resent} if resent else {}),
+                            **({"scoring": notes[-5:]} if notes else {})},
                       timings={"start": start, "end": end, "duration_s": end - start})
         try:
             trace = Trace(**fields)
         except TraceError as e:  # e.g. agent_rewards naming a role that never spoke
             trace = Trace(**{**fields, "status": "failed", "error": f"bad harness result: {e}",
                              "agent_rewards": None,
-                             "info": {"task": task.id, "question": task.question, "worker": self.worker_id}})
+                             "info": self._task_info(task)})
         return trace, engine_failed
+
+    def _task_info(self, task) -> dict[str, Any]:
+        """What every trace's info says of its task (a harness's own info cannot overwrite it: the
+        paired evaluation matches items by their question)."""
+        return {"task": task.id, "question": task.question, "worker": self.worker_id}
 
     async def run(self, task_indices: list[int], rerun: bool = False) -> dict[str, Any]:
         """Run one group per task index, streaming each trace to the buffer as it finishes.
@@ -120,7 +127,12 @@ class RolloutWorker:
         async def one(task, sample: int) -> None:
             async with sem:
                 trace = await self.episode(task, task.id, sample)
-            await self.buffer.put.remote(trace)
+            rejected = await self.buffer.offer.remote(trace)
+            if rejected is not None:  # its group still completes: with a failed trace in its place
+                self.counts["traces_rejected"] += 1
+                await self.buffer.put.remote(Trace(
+                    id=trace.id, group=trace.group, sequences=[], status="failed",
+                    error=f"rejected by the trace buffer: {rejected}"[:2000], info=self._task_info(task)))
 
         jobs = [one(task, k) for task in tasks for k in range(self.cfg.group_size)]
         await asyncio.gather(*jobs)

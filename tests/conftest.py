@@ -140,21 +140,21 @@ def run_harness(engine, tiny_tokenizer):
 
 @pytest.fixture(scope="session")
 def run_worker(engine, tiny_path):
-    """`run_worker(harness, agents, n_tasks, group_size=2, timeout_s=20, max_tokens=16)`: one
-    RolloutWorker actor over the shared engine (every policy served by it) runs one group per
-    task index 0..n_tasks-1 of easy chain_sum into a fresh TraceBuffer. Returns (worker stats,
-    complete groups, buffer stats)."""
+    """`run_worker(harness, agents, n_tasks, group_size=2, timeout_s=20, max_tokens=16,
+    vocab_size=512)`: one RolloutWorker actor over the shared engine (every policy served by it)
+    runs one group per task index 0..n_tasks-1 of easy chain_sum into a fresh TraceBuffer (that
+    takes token ids below `vocab_size`). Returns (worker stats, complete groups, buffer stats)."""
     import ray
 
     from rollout.cluster import spawn_buffer, spawn_workers
     from rollout.config import GenerateJobConfig, RolloutConfig, SamplingConfig, TaskConfig
 
-    def run(harness, agents, n_tasks, group_size=2, timeout_s=20.0, max_tokens=16):
+    def run(harness, agents, n_tasks, group_size=2, timeout_s=20.0, max_tokens=16, vocab_size=512):
         policies = set(agents.values())
         cfg = GenerateJobConfig(harness=harness, agents=agents, task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
                                 rollout=RolloutConfig(concurrency=8, group_size=group_size, timeout_s=timeout_s),
                                 sampling=SamplingConfig(max_tokens=max_tokens))
-        buffer = spawn_buffer(group_size, {p: 512 for p in policies})
+        buffer = spawn_buffer(group_size, {p: vocab_size for p in policies})
         [worker] = spawn_workers(cfg, {p: [engine] for p in policies}, {p: tiny_path for p in policies}, buffer)
         try:
             stats = ray.get(worker.run.remote(list(range(n_tasks))), timeout=300)

@@ -119,6 +119,15 @@ def test_bad_values_fail_validation(override, msg):
     ("trainer.max_skipped_steps=0", "trainer.max_skipped_steps must be >= 1"),
     ("trainer.max_failed_fraction=1.5", r"trainer.max_failed_fraction must be in \[0, 1\]"),
     ("rollout.worker_restart_timeout_s=0", "rollout.worker_restart_timeout_s must be > 0"),
+    ("engine.request_timeout_s=0", r"engine.request_timeout_s=0.0 must be > 0"),
+    ("engine.health_timeout_s=-1", r"engine.health_timeout_s=-1.0 must be > 0"),
+    ("engine.max_restarts=-1", "engine.max_restarts must be >= 0"),
+    ("engine.request_timeout_s=400", r"engine.request_timeout_s=400.0 must be < rollout.timeout_s=300.0"),
+    ("engine.sync_timeout_s=100", r"engine.sync_timeout_s=100.0 must be > engine.request_timeout_s=240.0"),
+    ("trainer.rollout_timeout_s=0", "trainer.rollout_timeout_s must be > 0"),
+    ("eval.timeout_s=0", "eval.timeout_s must be > 0"),
+    ("eval.max_tokens=100000", r"eval.max_tokens=100000 must be in \[1, model.max_model_len"),
+    ("learner.call_timeout_s=0", "learner.call_timeout_s and learner.dist_timeout_s must be > 0"),
 ])
 def test_bad_fault_settings_fail_validation(override, msg):
     with pytest.raises(ValueError, match=msg):

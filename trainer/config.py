@@ -140,6 +140,10 @@ def validate(cfg: TrainJobConfig) -> None:
         (0 <= t.max_failed_fraction <= 1, "trainer.max_failed_fraction must be in [0, 1] (1: never stop)"),
         (not (t.resume and t.overwrite), "trainer.resume and trainer.overwrite=true contradict each other: "
                                          "drop one"),
+        (t.rollout_timeout_s > 0, "trainer.rollout_timeout_s must be > 0"),
+        (cfg.eval.timeout_s > 0, "eval.timeout_s must be > 0"),
+        (cfg.eval.max_tokens is None or 0 < cfg.eval.max_tokens < cfg.model.max_model_len,
+         f"eval.max_tokens={cfg.eval.max_tokens} must be in [1, model.max_model_len={cfg.model.max_model_len})"),
         (cfg.eval.size >= 0, "eval.size must be >= 0"),
         (cfg.eval.size <= cfg.task.eval_size, f"eval.size={cfg.eval.size} is more than the task's "
                                               f"held-out set (task.eval_size={cfg.task.eval_size})"),
@@ -165,7 +169,9 @@ def validate(cfg: TrainJobConfig) -> None:
                    (cfg.sync.bucket_mb >= 1, "sync.bucket_mb must be >= 1"),
                    (lr.lr > 0, f"{where}.lr must be > 0"),
                    (0 <= lr.zero_stage <= 3, f"{where}.zero_stage must be 0, 1, 2 or 3"),
-                   (lr.world_size >= 1, f"{where}.world_size must be >= 1")]
+                   (lr.world_size >= 1, f"{where}.world_size must be >= 1"),
+                   (lr.call_timeout_s > 0 and lr.dist_timeout_s > 0,
+                    f"{where}.call_timeout_s and {where}.dist_timeout_s must be > 0")]
     for ok, msg in checks:
         if not ok:
             raise ValueError(msg)

@@ -51,6 +51,19 @@ def test_a_hostile_answer_costs_one_failed_trace(run_worker):
     assert stats["traces_failed"] == 2
 
 
+def test_a_trace_the_buffer_rejects_still_completes_its_group(run_worker):
+    """A buffer that takes only token ids < 8 rejects every real trace: each group still completes,
+    with a failed trace in each rejected one's place that says why (before, the group never did)."""
+    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.flaky", name="flaky", roles=["solver"])
+    stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=1, vocab_size=8)
+    [group] = groups
+    assert len(group) == 2 and all(t.status == "failed" and t.sequences == [] for t in group)
+    assert all(t.error.startswith("rejected by the trace buffer: ") and "out of vocabulary" in t.error
+               for t in group), [t.error for t in group]
+    assert all(t.info["task"] == "chain_sum/train/0" for t in group)
+    assert stats["traces_rejected"] == 2 and bstats["rejected"] == 2 and bstats["received"] == 2
+
+
 def test_frozen_role_and_agent_rewards(run_worker):
     harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.judged", name="judged",
                             roles=["solver", "judge"])

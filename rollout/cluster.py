@@ -97,13 +97,23 @@ def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed:
     return engines
 
 
+def on_driver_node() -> dict:
+    """Actor options that place it on the driver's node. The run's state holders (the trace
+    buffer, the weight stores) are not restartable: pinned there they fail only with the driver,
+    whose run then resumes from its checkpoint, never with a node that leaves a running job."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+
+
 def spawn_stores(policies: list[str]) -> dict:
-    """One WeightStore actor per policy (no CPU): what a restarted engine loads first."""
-    return {p: ray.remote(num_cpus=0)(WeightStore).remote() for p in policies}
+    """One WeightStore actor per policy (no CPU), on the driver's node: what a restarted engine loads first."""
+    return {p: ray.remote(num_cpus=0)(WeightStore).options(**on_driver_node()).remote() for p in policies}
 
 
 def spawn_buffer(group_size: int, vocab_sizes: dict[str, int]):
-    return ray.remote(num_cpus=0)(TraceBuffer).remote(group_size, vocab_sizes)
+    """The TraceBuffer (no CPU), on the driver's node."""
+    return ray.remote(num_cpus=0)(TraceBuffer).options(**on_driver_node()).remote(group_size, vocab_sizes)
 
 
 def spawn_workers(cfg: RolloutJobConfig, engines: dict[str, list], model_paths: dict[str, str], buffer,

@@ -5,6 +5,14 @@ of a held-out evaluation set for one reasoning-gym dataset. A
 `ReasoningGymTask` is a plain picklable dataclass (it travels to Ray actors);
 it holds only the dataset name, the dataset params and the reasoning-gym
 entry, and the scorer is rebuilt lazily in whichever process scores it.
+
+Model output is hostile input: several reasoning-gym verifiers evaluate the
+answer as code (`EVALUATING_DATASETS`). An answer therefore passes our own
+grammar first (`check_answer`): an arithmetic expression for countdown and
+puzzle24, handed on re-printed from its parse tree (harnesses/expressions.py);
+a plain number for the numeric datasets; bounded length for the rest. A
+dataset that evaluates answers and has no grammar here is refused. The
+verifier then runs in a sandbox process (harnesses/sandbox.py), the second wall.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from harnesses.answers import extract_answer, is_number
-from harnesses.base import TaskSource
+from harnesses.answers import extract_answer, is_number, is_plain_number
+from harnesses.base import TaskSource, note_scoring
+from harnesses.expressions import OPERATORS, ExpressionError, parse_expression
 from harnesses.sandbox import Sandbox
 
 DEFAULT_INSTRUCTION = "Give the final answer as <answer>NUMBER</answer>."
@@ -28,6 +37,56 @@ DATASET_INSTRUCTIONS: dict[str, str] = {
     "countdown": "Give the final answer as <answer>EXPRESSION</answer>.",
     "puzzle24": "Give the final answer as <answer>EXPRESSION</answer>.",
 }
+
+# reasoning-gym 0.1.25 datasets whose score_answer evaluates the answer text (SymPy parse_expr or
+# eval; found by grepping the package and confirmed by scoring a file-creating payload with each),
+# and composite, which delegates to any of them.
+EVALUATING_DATASETS = frozenset({
+    "binary_matrix", "composite", "countdown", "intermediate_integration", "n_queens",
+    "polynomial_multiplication", "puzzle24", "simple_integration", "spiral_matrix", "string_insertion"})
+EXPRESSION_DATASETS = frozenset({"countdown", "puzzle24"})  # answers: arithmetic over + - * /
+# Answers compared as numbers (Decimal, float or text): anything else in the tag is not an answer.
+NUMBER_DATASETS = frozenset({"basic_arithmetic", "chain_sum", "gsm_symbolic"})
+MAX_ANSWER_CHARS = 10000  # for the other datasets' answers (sudoku and ARC grids are a few hundred)
+
+
+class RejectedAnswer(ValueError):
+    """An answer our grammar refuses: it scores 0 and never reaches the verifier."""
+
+
+def check_answer(dataset: str, params: Mapping[str, Any], answer: str) -> str:
+    """The form of `answer` the verifier may see, or RejectedAnswer saying why there is none."""
+    if dataset in EXPRESSION_DATASETS:
+        try:
+            return parse_expression(answer, _operators(dataset, params)).text
+        except ExpressionError as e:
+            raise RejectedAnswer(f"not an arithmetic expression: {e}") from None
+    if dataset in NUMBER_DATASETS:
+        if not is_plain_number(answer):
+            raise RejectedAnswer(f"not a plain number ({len(answer)} characters: {answer[:40]!r})")
+        return answer
+    if len(answer) > MAX_ANSWER_CHARS:
+        raise RejectedAnswer(f"{len(answer)} characters (the limit is {MAX_ANSWER_CHARS})")
+    return answer
+
+
+def _operators(dataset: str, params: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(params.get("operators", OPERATORS))
+
+
+def _check_answers_are_guarded(name: str, params: Mapping[str, Any]) -> None:
+    """Refuse a dataset whose verifier would evaluate model text that no grammar of ours checks."""
+    if name in EVALUATING_DATASETS and name not in EXPRESSION_DATASETS:
+        raise ValueError(
+            f"reasoning-gym dataset {name!r} scores answers by evaluating them as Python/SymPy code, and "
+            f"tracerl has no answer grammar for it (model output would run as code); use another "
+            f"task.name, or add a grammar for it to check_answer in harnesses/reasoning_gym_tasks.py")
+    if name in EXPRESSION_DATASETS:
+        bad = sorted(set(_operators(name, params)) - set(OPERATORS))
+        if bad:
+            raise ValueError(f"task.params.operators for {name!r} has {bad}: answers are checked against a "
+                             f"grammar of {' '.join(OPERATORS)} only")
+
 
 # Scorers are dataset objects rebuilt per process, keyed by (name, canonical params).
 _SCORERS: dict[tuple[str, str], Any] = {}
@@ -99,6 +158,7 @@ def _check_name(name: str) -> None:
 def _create_dataset(name: str, params: Mapping[str, Any], seed: int, size: int) -> Any:
     """Build a reasoning-gym dataset, turning any failure into a ValueError."""
     _check_name(name)
+    _check_answers_are_guarded(name, params)
     for reserved in ("seed", "size"):
         if reserved in params:
             raise ValueError(
@@ -151,11 +211,17 @@ class ReasoningGymTask:
         return extract_answer(text, numeric_fallback=self.numeric)
 
     def score(self, text: str) -> float:
-        """Score a model's output text with the dataset's verifier: 0.0..1.0. The verifier runs in
-        a sandbox process (some evaluate the answer); one that runs out of time or memory raises
-        SandboxError, which fails this trace only."""
+        """Score a model's output text with the dataset's verifier: 0.0..1.0. An answer our grammar
+        refuses scores 0.0 (the reason goes to `note_scoring`); the rest goes to the verifier in a
+        sandbox process, where one that runs out of time or memory raises SandboxError, which
+        fails this trace only."""
         answer = self.extract_answer(text)
         if answer is None:
+            return 0.0
+        try:
+            answer = check_answer(self.dataset, self.params, answer)
+        except RejectedAnswer as e:
+            note_scoring(f"answer rejected: {e}")
             return 0.0
         return _SANDBOX.call(_score_answer, self.dataset, self.params, answer, self.entry)
 

@@ -4,11 +4,9 @@ extraction (harnesses/answers.py), the synthetic digit task, and the TaskSource 
 from __future__ import annotations
 
 import json
-import math
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,6 @@ from harnesses import reasoning_gym_tasks
 from harnesses.answers import extract_answer
 from harnesses.base import TaskSource, load_task_source, normalize_question
 from harnesses.reasoning_gym_tasks import DEFAULT_INSTRUCTION, ReasoningGymTask, ReasoningGymTasks
-from harnesses.sandbox import Sandbox, SandboxError
 from harnesses.synthetic import DigitTasks
 from tests.conftest import EASY_CHAIN_SUM
 
@@ -264,23 +261,22 @@ def test_task_source_errors_name_the_key():
         load_task_source("harnesses.nope.Tasks")
 
 
-def test_a_verifier_that_never_finishes_is_killed_at_its_limit():
-    """countdown's verifier evaluates the answer with SymPy: 9**9**9**9 would run for ever. It
-    runs in the sandbox process, which is killed at its limit; the next score works."""
-    task = ReasoningGymTasks("countdown", eval_size=0).train_task(0)
-    assert task.score(f"<answer>{task.answer}</answer>") == 1.0  # the sandbox is up
-    t0 = time.monotonic()
-    with pytest.raises(SandboxError, match=r"_score_answer ran past its 2.0s limit and was killed"):
-        task.score("<answer>9**9**9**9</answer>")
-    assert time.monotonic() - t0 < 10
-    assert task.score(f"<answer>{task.answer}</answer>") == 1.0
+@pytest.mark.parametrize("name", ["n_queens", "binary_matrix", "polynomial_multiplication", "composite"])
+def test_a_dataset_whose_verifier_evaluates_answers_without_our_grammar_is_refused(name):
+    """n_queens' verifier eval()s the answer; with no grammar of ours the source is not built."""
+    with pytest.raises(ValueError, match=f"{name!r} scores answers by evaluating them .* use another task.name"):
+        ReasoningGymTasks(name, size=10, eval_size=0)
 
 
-def test_sandbox_reports_errors_and_memory_exhaustion():
-    box = Sandbox(timeout_s=30.0, memory_bytes=1 << 30)
-    assert box.call(math.factorial, 5) == 120
-    with pytest.raises(SandboxError, match="factorial failed: ValueError"):
-        box.call(math.factorial, -1)
-    with pytest.raises(SandboxError, match="failed: MemoryError"):
-        box.call(bytes, 2 << 30)  # 2 GiB under a 1 GiB limit
-    assert box.call(math.factorial, 3) == 6
+def test_an_operator_outside_the_expression_grammar_is_refused():
+    with pytest.raises(ValueError, match=r"task.params.operators for 'puzzle24' has \['\*\*'\]"):
+        ReasoningGymTasks("puzzle24", params={"operators": ["+", "**"]}, eval_size=0)
+
+
+def test_countdown_answers_reach_the_verifier_re_printed():
+    """The verifier sees the expression rebuilt from its parse tree; an operator the task does not
+    allow is refused."""
+    assert reasoning_gym_tasks.check_answer("countdown", {}, " 3*(4 + 5) - -2 ") == "((3 * (4 + 5)) - (-2))"
+    src = ReasoningGymTasks("puzzle24", params={"operators": ["+", "-"]}, eval_size=0)
+    with pytest.raises(reasoning_gym_tasks.RejectedAnswer, match=r"operator '\*' is not allowed"):
+        reasoning_gym_tasks.check_answer("puzzle24", src.params, "3 * 8")

@@ -11,10 +11,19 @@ its DeepSpeed state, and the loop's position.
         trainer_state.json   the step and each policy's weight version
 
 A checkpoint is written into `step_000100.partial/` and renamed to `step_000100/`
-once every policy and trainer_state.json are in it: a run killed mid-write leaves
-only a `.partial` folder, which is never resumed from (and removed by the next
-save). `load_newest` falls back to the previous complete checkpoint when the
-newest cannot be loaded; `prune` keeps the newest `keep_last`.
+once every policy and trainer_state.json are in it, each file and folder fsynced
+before the rename and the parent after it (a node that goes down right after a
+save keeps it whole): a run killed mid-write leaves only a `.partial` folder,
+which is never resumed from (and removed by the next save, whatever its step).
+`load_newest` falls back to the previous complete checkpoint when the newest
+cannot be loaded (a damaged trainer_state.json included); `prune` keeps the
+newest `keep_last` by step number, never the step just written.
+
+Trust: DeepSpeed's state files are pickles. Every one a resume reads goes through
+`load_torch` (torch's weights-only unpickler, which allows tensors, builtins and
+the few plain data classes DeepSpeed's files hold), so a file that holds anything
+else is refused rather than run. The HF and adapter weights are safetensors.
+Still, resume only from checkpoints you wrote: a forged one can hold any weights.
 
 No RNG state is kept: tasks come from the step number, and every model call
 samples with a seed derived from (seed, trace id, role, call number). What an
@@ -26,10 +35,12 @@ rollouts.jsonl: the resumed run trains exactly what the uninterrupted one did.
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import re
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import msgspec
 from safetensors.torch import load, save_file
@@ -52,9 +63,11 @@ def partial_dir(run_dir: str | Path, step: int) -> Path:
 
 
 def start(run_dir: str | Path, step: int) -> None:
-    """Begin step `step`'s checkpoint: an empty `.partial` folder (a leftover of a killed save is removed)."""
+    """Begin step `step`'s checkpoint: an empty `.partial` folder (the leftovers of killed saves,
+    of any step, are removed)."""
+    for stale in (Path(run_dir) / "checkpoints").glob("step_*.partial"):
+        shutil.rmtree(stale, ignore_errors=True)
     d = partial_dir(run_dir, step)
-    shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
 
 
@@ -118,22 +131,50 @@ def save_policy(learners: LearnerGroup, base_model: str | Path, run_dir: str | P
 
 def finish(run_dir: str | Path, step: int, versions: dict[str, int]) -> Path:
     """Complete step `step`'s checkpoint (after save_policy of each policy): trainer_state.json with
-    each policy's weight version, then the rename that makes it visible to `complete`."""
+    each policy's weight version, every file on disk, then the rename that makes it visible to
+    `complete`."""
     partial, done = partial_dir(run_dir, step), step_dir(run_dir, step)
     (partial / "trainer_state.json").write_text(json.dumps({"step": step, "versions": versions}))
+    # the rename must not reach the disk before the files do: a crash would leave a "complete"
+    # checkpoint of empty or torn files
+    fsync_tree(partial)
     if done.exists():  # the same step saved again (a resumed run): the new one replaces it
         shutil.rmtree(done)
     partial.rename(done)
+    fsync_path(done.parent)  # the rename itself
     return done
 
 
-_COMPLETE = re.compile(r"step_\d+")
+def fsync_path(path: Path) -> None:
+    """Flush one file's or folder's (its entries') writes to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and folder under `root`, and `root` itself."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fsync_path(Path(folder) / name)
+        fsync_path(Path(folder))
+
+
+_COMPLETE = re.compile(r"step_(\d+)")
+
+
+def step_of(checkpoint: Path) -> int:
+    """The step in a checkpoint folder's name (step_000100 -> 100)."""
+    return int(_COMPLETE.fullmatch(checkpoint.name).group(1))
 
 
 def complete(run_dir: str | Path) -> list[Path]:
-    """The complete checkpoints of a run, oldest first."""
-    return sorted(p for p in (Path(run_dir) / "checkpoints").glob("step_*")
-                  if _COMPLETE.fullmatch(p.name) and (p / "trainer_state.json").exists())
+    """The complete checkpoints of a run, oldest first (by step: past step 999999 the names no
+    longer sort)."""
+    return sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                   if _COMPLETE.fullmatch(p.name) and (p / "trainer_state.json").exists()), key=step_of)
 
 
 def latest(run_dir: str | Path) -> Path | None:
@@ -152,8 +193,8 @@ def load_newest(run_dir: str | Path, load: Callable[[Path, dict], None]) -> tupl
         raise FileNotFoundError(f"trainer.resume: no complete checkpoint under {run_dir}/checkpoints")
     first_error = None
     for d in candidates:
-        state = json.loads((d / "trainer_state.json").read_text())
         try:
+            state = read_state(d)
             load(d, state)
             return d, state
         except Exception as e:
@@ -164,9 +205,39 @@ def load_newest(run_dir: str | Path, load: Callable[[Path, dict], None]) -> tupl
                        f"{run_dir}/checkpoints loads; the newest failed with: {first_error}") from first_error
 
 
-def prune(run_dir: str | Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints; returns the deleted folders."""
-    old = complete(run_dir)[:-keep_last] if keep_last > 0 else []
+def read_state(checkpoint: Path) -> dict:
+    """A checkpoint's trainer_state.json; ValueError naming the file if it is damaged."""
+    path = Path(checkpoint) / "trainer_state.json"
+    try:
+        state = json.loads(path.read_text())
+        if isinstance(state, dict) and isinstance(state.get("step"), int):
+            return state
+        problem = "no integer step"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        problem = f"{type(e).__name__}: {e}"
+    raise ValueError(f"{path} is damaged ({problem})")
+
+
+def newest_state(run_dir: str | Path) -> tuple[Path, dict] | None:
+    """The newest complete checkpoint whose trainer_state.json reads, and that state (older ones
+    are tried when it is damaged, as `load_newest` does); None without any."""
+    for d in complete(run_dir)[::-1]:
+        try:
+            return d, read_state(d)
+        except ValueError as e:
+            print(f"[train] {e}; trying the checkpoint before", flush=True)
+    return None
+
+
+def prune(run_dir: str | Path, keep_last: int, step: int) -> list[Path]:
+    """After the save of `step`: keep it and the newest `keep_last - 1` complete checkpoints before
+    it, delete the others; returns the deleted folders. Checkpoints after `step` are deleted too:
+    they are the newer ones a resume fell back from (they did not load), and kept, they would rank
+    above every new save and push it out."""
+    done = complete(run_dir)
+    assert step_dir(run_dir, step) in done, f"prune after the save of step {step}, not before"
+    before = [d for d in done if step_of(d) < step]
+    old = before[:max(len(before) - (keep_last - 1), 0)] + [d for d in done if step_of(d) > step]
     for d in old:
         shutil.rmtree(d)
     return old
@@ -178,3 +249,45 @@ def restore_policy(learners: LearnerGroup, checkpoint: Path, policy: str) -> Non
         saved = sorted(p.name for p in checkpoint.iterdir() if p.is_dir())
         raise FileNotFoundError(f"trainer.resume: {checkpoint} holds policies {saved}, not {policy!r}")
     learners.load(str(checkpoint / policy / "deepspeed"))
+
+
+def deepspeed_data_classes() -> list[type]:
+    """The classes besides tensors and builtins in DeepSpeed's checkpoint files (ZeRO-1/2/3
+    optimizer state; found by loading real ones): plain data, whose unpickling runs none of
+    their code (a dataclass, an enum, a loss scaler's attributes)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
+    """torch.load of a checkpoint file with the weights-only unpickler (and
+    `deepspeed_data_classes`): a file holding any other object is refused with a ValueError
+    naming it, instead of unpickled (which could run any code)."""
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(deepspeed_data_classes()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        what = re.search(r"GLOBAL ([\w.]+)", str(e))
+        reason = f"it refers to {what.group(1)}" if what else str(e).strip().splitlines()[0][:300]
+        raise ValueError(f"{path} holds a pickled object that is not tensors or DeepSpeed's checkpoint data: "
+                         f"refused, since unpickling it could run code ({reason}); resume only from "
+                         f"checkpoints this trainer wrote") from None
+
+
+class WeightsOnlyLoads:
+    """A DeepSpeed engine's checkpoint engine, loading through `load_torch` (DeepSpeed's own
+    TorchCheckpointEngine unpickles with weights_only=False); everything else is the wrapped one's."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        return load_torch(path, map_location)

@@ -373,11 +373,20 @@ class Learner:
 
     def load(self, path: str, adapter: str | None = None) -> int:
         """Restore what `save` wrote; returns the step. Collective."""
+        from trainer.checkpoint import WeightsOnlyLoads
+
         slot = self.activate(adapter)
         if adapter is not None:
             self._check_adapter_state(path, slot)
-        _, client = slot.engine.load_checkpoint(path, tag="state", load_optimizer_states=True,
-                                                load_lr_scheduler_states=True, load_module_strict=adapter is None)
+        # DeepSpeed's own loads unpickle with weights_only=False: a file that holds more than
+        # tensors and its data classes is refused instead of run (trainer/checkpoint.py)
+        engine = slot.engine
+        own, engine.checkpoint_engine = engine.checkpoint_engine, WeightsOnlyLoads(engine.checkpoint_engine)
+        try:
+            _, client = engine.load_checkpoint(path, tag="state", load_optimizer_states=True,
+                                               load_lr_scheduler_states=True, load_module_strict=adapter is None)
+        finally:
+            engine.checkpoint_engine = own
         slot.step = int(client["step"])
         return slot.step
 
@@ -386,12 +395,12 @@ class Learner:
         every tensor of this adapter, or the load would leave them as they are, silently."""
         import glob
 
-        import torch
+        from trainer.checkpoint import load_torch
 
         [states] = glob.glob(os.path.join(path, "state", "mp_rank_00_model_states.pt")) or [None]
         if states is None:
             raise FileNotFoundError(f"{path}: no DeepSpeed model state (state/mp_rank_00_model_states.pt)")
-        saved = set(torch.load(states, map_location="cpu", weights_only=False)["module"])
+        saved = set(load_torch(states)["module"])
         missing = [n for n in slot.names if n not in saved]
         if missing:
             raise ValueError(f"{path} does not hold this adapter's tensors ({len(missing)} of {len(slot.names)} "

@@ -1,10 +1,12 @@
 """Faults a long run meets, on the real stack: checkpoints cut short, a damaged checkpoint, a
 reused run dir, a learner rank that dies or hangs, a harness that always fails."""
 
+import shutil
 from dataclasses import replace
 
 import pytest
 import ray
+import torch
 
 from rollout.trace import Sequence, Trace, TraceError
 from tests.conftest import read_metrics
@@ -30,7 +32,7 @@ def test_a_save_cut_short_is_never_resumed_from_and_prune_keeps_the_newest(tmp_p
         fake_checkpoint(tmp_path, step)
     fake_checkpoint(tmp_path, 8, complete=False)  # the process died while writing step 8
     assert checkpoint.latest(tmp_path).name == "step_000006"
-    assert [d.name for d in checkpoint.prune(tmp_path, keep_last=2)] == ["step_000002"]
+    assert [d.name for d in checkpoint.prune(tmp_path, keep_last=2, step=6)] == ["step_000002"]
     assert [d.name for d in checkpoint.complete(tmp_path)] == ["step_000004", "step_000006"]
     fake_checkpoint(tmp_path, 8)  # saving step 8 again replaces the leftover
     assert checkpoint.latest(tmp_path).name == "step_000008"
@@ -89,9 +91,21 @@ def test_too_many_failed_traces_stop_with_the_commonest_errors():
     check_failures(traces, 1.0, "step 3")  # 1: never stop
 
 
+class RunsCode:
+    """Unpickling it calls `open(marker, "w")`: any code could run instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
 def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank_is_named(
         ray_cluster, tiny_path, fixed_batch, tmp_path):
-    cfg = LearnerConfig(world_size=1, num_cpus=0.5, zero_stage=0, lr=1e-3)
+    """ZeRO-2: DeepSpeed's optimizer file holds its own classes, which the weights-only load allows;
+    a pickled object that would run code is refused, naming the file."""
+    cfg = LearnerConfig(world_size=1, num_cpus=0.5, zero_stage=2, lr=1e-3)
     group = LearnerGroup(tiny_path, cfg, LossConfig(), name="solver")
     try:
         digests = {}
@@ -109,6 +123,14 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank
             tmp_path, lambda d, s: checkpoint.restore_policy(group, d, "solver"))
         assert (ckpt.name, state["step"]) == ("step_000001", 1)
         assert group.param_digests()[0] == digests[1], "the learner holds step 1's weights"
+
+        [optim] = (checkpoint.step_dir(tmp_path, 1) / "solver" / "deepspeed").rglob("*optim_states.pt")
+        state = torch.load(optim, weights_only=False)
+        torch.save({**state, "extra": RunsCode(tmp_path / "ran")}, optim)  # a forged checkpoint
+        shutil.rmtree(checkpoint.step_dir(tmp_path, 2))
+        with pytest.raises(RuntimeError, match=r"(?s)none of the 1 .*optim_states.pt holds a pickled object .* refused"):
+            checkpoint.load_newest(tmp_path, lambda d, s: checkpoint.restore_policy(group, d, "solver"))
+        assert not (tmp_path / "ran").exists(), "nothing in the file ran"
 
         group.cfg = replace(cfg, call_timeout_s=1e-3)  # no train step answers within a millisecond
         with pytest.raises(TimeoutError, match=r"learner train_step of policy 'solver': rank 0 on node \w+ did "

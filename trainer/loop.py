@@ -39,7 +39,7 @@ from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer import checkpoint
-from trainer.metrics import RunLogger, paired_comparison, rollout_split, step_totals
+from trainer.metrics import RunLogger, paired_comparison, rollout_split, step_totals, write_atomic
 from trainer.policy import TrainedPolicy, trained_policies
 
 
@@ -124,7 +124,7 @@ def train(cfg: TrainJobConfig) -> dict:
         # ---- summary ---------------------------------------------------------------------
         summary = {**eval_summary(initial, final), "steps": t.steps, "start_step": start,
                    "wall_s": round(time.time() - t_start, 1), **policy_summary(fleet, policies)}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
     return summary
 
 
@@ -150,12 +150,12 @@ def check_run_dir(cfg: TrainJobConfig) -> None:
         raise ValueError(f"run_dir={str(run_dir)!r} holds a previous run ({', '.join(previous_run(run_dir))}): "
                          f"continue it with trainer.resume=auto, start afresh with trainer.overwrite=true "
                          f"(deletes its outputs), or choose another run_dir")
-    if newest is not None:
-        step = json.loads((newest / "trainer_state.json").read_text())["step"]
-        if step >= t.steps:
-            raise ValueError(f"trainer.resume={t.resume!r}: {newest} is at step {step} of trainer.steps={t.steps}: "
-                             f"nothing left to train; raise trainer.steps, or start afresh with "
-                             f"trainer.overwrite=true and without trainer.resume")
+    # past a damaged trainer_state.json, as the resume itself falls back
+    newest, state = (checkpoint.newest_state(source) if newest else None) or (None, {"step": -1})
+    if state["step"] >= t.steps:
+        raise ValueError(f"trainer.resume={t.resume!r}: {newest} is at step {state['step']} of "
+                         f"trainer.steps={t.steps}: nothing left to train; raise trainer.steps, or start afresh "
+                         f"with trainer.overwrite=true and without trainer.resume")
 
 
 def resume_source(cfg: TrainJobConfig) -> Path | None:
@@ -219,7 +219,7 @@ def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int, keep_last
         policy.save(run_dir, step)
     checkpoint.save_rollouts(run_dir, step, held)
     checkpoint.finish(run_dir, step, {p: policy.version for p, policy in policies.items()})
-    checkpoint.prune(run_dir, keep_last)
+    checkpoint.prune(run_dir, keep_last, step)
 
 
 def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> tuple[int, list[list[Trace]]]:

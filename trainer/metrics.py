@@ -127,6 +127,36 @@ def trace_table(traces: list[Trace], decode):
     return table
 
 
+def kept_rows(path: Path, resume_step: int) -> list[str]:
+    """The lines of a metrics.jsonl up to `resume_step`; lines that do not decode to a row (the
+    last one torn by a crash mid-write) are left out, and counted once."""
+    kept, torn = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+            if not isinstance(row.get("step"), int):
+                raise ValueError("no integer step")
+        except (ValueError, AttributeError):
+            torn += bool(line.strip())
+            continue
+        if row["step"] <= resume_step:
+            kept.append(line)
+    if torn:
+        print(f"[train] {path}: left out {torn} line(s) that are not metric rows (a write cut short)", flush=True)
+    return kept
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` all at once: a crash leaves the old file or the new one, never a
+    half-written one (written beside it, fsynced, renamed over it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class RunLogger:
     """metrics.jsonl, wandb unless `mode` is disabled; a context manager.
 
@@ -137,13 +167,10 @@ class RunLogger:
                  config: dict[str, Any], resume_step: int | None = None):
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
-        kept = []
-        if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
-        self._file = open(self.path, "w")
-        self._file.writelines(line + "\n" for line in kept)
         resume = resume_step is not None
+        if resume and self.path.exists():
+            write_atomic(self.path, "".join(line + "\n" for line in kept_rows(self.path, resume_step)))
+        self._file = open(self.path, "a" if resume else "w")
         self.wandb = None
         if mode != "disabled":
             import wandb

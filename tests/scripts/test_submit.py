@@ -1,10 +1,14 @@
-"""A two-node Ray cluster on this machine, the job submitted with scripts/submit.sh.
+"""Ray clusters on this machine, started by our scripts; jobs submitted with scripts/submit.sh.
 
-The head and a second node each get their own temp dir, ports and custom
-resources. Two trained policies: the cluster preset puts `main`'s engine on the
-head and its learner ranks on the second node; `critic` asks for a resource only
-the second node has, so its engine and learner rank go there. The test stops
-only the processes it started.
+Token auth: a head started with scripts/ray_start.sh on a fresh machine (its
+own HOME, so this machine's ~/.ray/auth_token, which the in-process clusters of
+the other tests read, is never touched) refuses a job without the token, and
+submit.sh refuses a head started without auth. Two nodes: the head and a second
+node each get their own temp dir, ports and custom resources. Two trained
+policies: the cluster preset puts `main`'s engine on the head and its learner
+ranks on the second node; `critic` asks for a resource only the second node has,
+so its engine and learner rank go there. Every test stops only the processes it
+started (never `ray stop`: it stops every Ray on the machine).
 """
 
 import json
@@ -43,10 +47,17 @@ def own_ports() -> list[str]:
     return [f"--{n}={free_port()}" for n in names]
 
 
-def start(args, env, log):
+def start(args, env, log, command=(RAY, "start")):
     # own process group: stopping it stops exactly this node's Ray processes
-    return subprocess.Popen([RAY, "start", "--block", *own_ports(), *args], env=env, stdout=log,
+    return subprocess.Popen([*command, "--block", *own_ports(), *args], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(nodes) -> None:
+    for p in reversed(nodes):
+        os.killpg(p.pid, signal.SIGTERM)
+    for p in nodes:
+        p.wait(timeout=60)
 
 
 def auth_token(env: dict) -> str:
@@ -122,9 +133,113 @@ def test_submit_to_two_node_cluster(tmp_path):
                   if f"sync/{p}/seconds" in m]
         assert len(pushes) == 4 and not any(pushes), pushes
     finally:
-        for p in reversed(nodes):
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in nodes:
-            p.wait(timeout=60)
+        stop(nodes)
         logs.close()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+# ---- token auth on a fresh head ------------------------------------------------------------
+
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+
+
+def fresh_machine(home: Path, **extra: str) -> dict:
+    """The environment of a machine that never ran Ray: an empty HOME (no ~/.ray/auth_token)
+    and no Ray auth settings."""
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
+    # SIGTERM stops the node at once instead of draining it for 30 s (nothing to drain here)
+    return {**env, "HOME": str(home), "PYTHON": sys.executable, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+            **extra}
+
+
+def start_head(command, env, tmp_path: Path):
+    """A one-node head (own temp dir and ports) with `command` (`ray start` or our script);
+    returns the process, its dashboard URL and the short temp dir to remove."""
+    short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))  # Ray's socket paths stay < 107 bytes
+    dash = free_port()
+    log = open(tmp_path / "head.log", "w")
+    head = start(["--head", f"--port={free_port()}", "--num-cpus=1", f"--dashboard-port={dash}",
+                  "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={short}",
+                  f"--ray-client-server-port={free_port()}"], env, log, command)
+    log.close()  # the child keeps its own copy
+    return head, f"http://127.0.0.1:{dash}", short
+
+
+def auth_mode(url: str, timeout_s: float = 120.0) -> str:
+    """The head's own answer (a public endpoint), once its dashboard is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/authentication_mode", timeout=2) as r:
+                return json.load(r)["authentication_mode"]
+        except urllib.error.URLError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)  # an external process coming up: nothing to block on
+
+
+def ray_job(args: list[str], url: str, env: dict) -> subprocess.CompletedProcess:
+    """`ray job ...` against the head, retried while its job agent is still starting."""
+    for _ in range(24):
+        proc = subprocess.run([RAY, "job", *args[:1], "--address", url, *args[1:]], env=env,
+                              capture_output=True, text=True, timeout=300)
+        if "No available agent to submit job" not in proc.stderr:
+            return proc
+        time.sleep(5)
+    return proc
+
+
+PRINT_ONE = ["submit", "--", sys.executable, "-c", "print('job', 'ran')"]  # prints 'job ran'
+
+
+def test_ray_start_head_refuses_jobs_without_the_token(tmp_path):
+    head_env = fresh_machine(tmp_path / "head")
+    head, url, short = start_head(["bash", str(ROOT / "scripts/ray_start.sh")], head_env, tmp_path)
+    try:
+        assert auth_mode(url) == "token", (tmp_path / "head.log").read_text()[-3000:]
+        token_file = tmp_path / "head" / ".ray" / "auth_token"
+        assert token_file.stat().st_mode & 0o077 == 0, "the generated token is readable by others"
+        token = token_file.read_text().strip()
+
+        client = fresh_machine(tmp_path / "client")  # another machine: no token
+        refused = ray_job(PRINT_ONE, url, client)
+        assert refused.returncode != 0 and "job ran" not in refused.stdout, refused.stdout + refused.stderr
+        assert "Authentication required" in refused.stdout + refused.stderr, refused.stderr[-2000:]
+        wrong = ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32})
+        assert wrong.returncode != 0 and "Authentication failed" in wrong.stdout + wrong.stderr, wrong.stderr[-2000:]
+        # submit.sh says what is missing before it uploads anything
+        script = subprocess.run(["bash", "scripts/submit.sh", "trainer.steps=1"], cwd=ROOT,
+                                env={**client, "RAY_ADDRESS": url}, capture_output=True, text=True, timeout=120)
+        assert script.returncode != 0 and "requires a token" in script.stderr, script.stderr[-2000:]
+
+        with_token = {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+        accepted = ray_job(PRINT_ONE, url, with_token)
+        assert accepted.returncode == 0 and "job ran" in accepted.stdout, accepted.stdout + accepted.stderr
+        # submit.sh finds the token where the CLI does and sends it (RAY_AUTH_MODE unset here)
+        script = subprocess.run(["bash", "scripts/submit.sh", "--help"], cwd=ROOT,
+                                env={**client, "RAY_ADDRESS": url, "RAY_AUTH_TOKEN": token}, capture_output=True,
+                                text=True, timeout=300)
+        assert script.returncode == 0 and "Powered by Hydra" in script.stdout, script.stdout + script.stderr
+        jobs = ray_job(["list"], url, with_token)
+        assert jobs.stdout.count("submission_id=") == 2, f"only the jobs with the token ran: {jobs.stdout}"
+    finally:
+        stop([head])
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_submit_refuses_a_head_without_auth(tmp_path):
+    env = fresh_machine(tmp_path / "home")
+    # what the README used to say: plain `ray start --head` on a machine without a token
+    head, url, short = start_head([RAY, "start"], env, tmp_path)
+    try:
+        assert auth_mode(url) == "disabled", "Ray now turns auth on for `ray start` too: revisit ray_start.sh"
+        script = subprocess.run(["bash", "scripts/submit.sh", "trainer.steps=1"], cwd=ROOT,
+                                env={**env, "RAY_ADDRESS": url}, capture_output=True, text=True, timeout=120)
+        assert script.returncode != 0, script.stdout + script.stderr
+        assert "WITHOUT token authentication" in script.stderr and "ray_start.sh" in script.stderr, script.stderr
+        jobs = ray_job(["list"], url, env)
+        assert jobs.returncode == 0 and "submission_id=" not in jobs.stdout, jobs.stdout + jobs.stderr
+    finally:
+        stop([head])
         shutil.rmtree(short, ignore_errors=True)

@@ -28,11 +28,12 @@ def child_cwd() -> str:
 
 
 def write_garbage_reply() -> None:
-    """Write a reply frame whose body is not JSON on the reply channel (fd of the original stdout
-    is not known to a verifier, but every descriptor the child holds is tried), then hang."""
+    """Write a reply frame whose body is not JSON on the reply channel (which descriptor that is,
+    a verifier does not know: stdout and every other descriptor the child holds are tried), then
+    hang."""
     body = b"\x80\x04 not json"
     frame = len(body).to_bytes(8, "big") + body
-    for fd in range(3, 16):
+    for fd in [1, *range(3, 16)]:
         try:
             os.write(fd, frame)
         except OSError:
@@ -41,7 +42,7 @@ def write_garbage_reply() -> None:
 
 
 def write_one_byte_and_hang() -> None:
-    for fd in range(3, 16):
+    for fd in [1, *range(3, 16)]:
         try:
             os.write(fd, b"\x00")
         except OSError:

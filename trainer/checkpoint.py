@@ -237,7 +237,11 @@ def prune(run_dir: str | Path, keep_last: int, step: int) -> list[Path]:
     done = complete(run_dir)
     assert step_dir(run_dir, step) in done, f"prune after the save of step {step}, not before"
     before = [d for d in done if step_of(d) < step]
-    old = before[:max(len(before) - (keep_last - 1), 0)] + [d for d in done if step_of(d) > step]
+    after = [d for d in done if step_of(d) > step]
+    for d in after:
+        print(f"[train] deleting {d}: newer than step {step} just saved, it is one a resume fell back past",
+              flush=True)
+    old = before[:max(len(before) - (keep_last - 1), 0)] + after
     for d in old:
         shutil.rmtree(d)
     return old
@@ -252,8 +256,8 @@ def restore_policy(learners: LearnerGroup, checkpoint: Path, policy: str) -> Non
 
 
 def deepspeed_data_classes() -> list[type]:
-    """The classes besides tensors and builtins in DeepSpeed's checkpoint files (ZeRO-1/2/3
-    optimizer state; found by loading real ones): plain data, whose unpickling runs none of
+    """The classes besides tensors and builtins in DeepSpeed's checkpoint files (the ZeRO-2/3
+    optimizer state, as found in real ones): plain data, whose unpickling runs none of
     their code (a dataclass, an enum, a loss scaler's attributes)."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum

@@ -164,7 +164,7 @@ def resume_source(cfg: TrainJobConfig) -> Path | None:
     return Path(cfg.run_dir) if t.resume == "auto" else Path(t.resume) if t.resume else None
 
 
-RUN_OUTPUTS = ("checkpoints", "eval", "metrics.jsonl", "summary.json")
+RUN_OUTPUTS = ("checkpoints", "eval", "rollouts", "metrics.jsonl", "summary.json")
 
 
 def previous_run(run_dir: Path) -> list[str]:

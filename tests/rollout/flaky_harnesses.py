@@ -48,8 +48,9 @@ async def bad_results(task, agents):
 
 
 async def hostile_answer(task, agents):
-    """One model call, then on task 0 a countdown verifier fed an expression that never finishes
-    evaluating (SymPy's parse_expr); the other tasks score normally."""
+    """One model call, then on task 0 a countdown verifier fed an expression that would never
+    finish evaluating if a library evaluated it (SymPy's parse_expr did); the other tasks score
+    normally."""
     text = await agents["solver"].chat(task.prompt, max_tokens=4)
     if _index(task) == 0:
         from harnesses.reasoning_gym_tasks import ReasoningGymTasks

@@ -41,14 +41,17 @@ def test_bad_harness_results_make_failed_traces(run_worker):
     assert stats["traces_failed"] == 10 and bstats["received"] == 12 and bstats["rejected"] == 0
 
 
-def test_a_hostile_answer_costs_one_failed_trace(run_worker):
+def test_a_hostile_answer_scores_zero_and_the_trace_says_why(run_worker):
+    """`9**9**9**9` for countdown never reaches a verifier (before, SymPy evaluated it until the
+    sandbox's limit failed the trace): it scores 0 and the trace's info["scoring"] says why."""
     harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.hostile_answer", name="hostile", roles=["solver"])
     stats, groups, _ = run_worker(harness, {"solver": "main"}, n_tasks=3, timeout_s=120.0)
     by_task = {int(g[0].info["task"].rsplit("/", 1)[1]): g for g in groups}
-    assert all(t.status == "failed" and "SandboxError: _score_answer ran past its 2.0s limit" in t.error
-               for t in by_task[0]), [t.error for t in by_task[0]]
+    for t in by_task[0]:
+        assert t.status != "failed" and t.reward == 0.0, t.error
+        assert any(note.startswith("answer rejected") for note in t.info["scoring"]), t.info
     assert all(t.status != "failed" for k in (1, 2) for t in by_task[k]), "the worker goes on scoring"
-    assert stats["traces_failed"] == 2
+    assert stats["traces_failed"] == 0
 
 
 def test_a_trace_the_buffer_rejects_still_completes_its_group(run_worker):

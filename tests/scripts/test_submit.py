@@ -91,8 +91,9 @@ def wait_for_dashboard(url: str, token: str, timeout_s: float = 120.0) -> None:
 @pytest.mark.slow
 def test_submit_to_two_node_cluster(tmp_path):
     # Ray's token auth on, explicitly: `ray start` alone turns it on only where a token exists
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "PYTHON": sys.executable}
     token = auth_token(env)
+    ray_start = ("bash", str(ROOT / "scripts/ray_start.sh"))  # the nodes start as the README says
     # short temp dirs: Ray's unix socket paths must stay under 107 bytes
     short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))
     gcs, dash = free_port(), free_port()
@@ -100,12 +101,12 @@ def test_submit_to_two_node_cluster(tmp_path):
     nodes = [start([f"--port={gcs}", "--head", "--num-cpus=2", f"--dashboard-port={dash}",
                     "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={short / 'head'}",
                     f"--ray-client-server-port={free_port()}",
-                    '--resources={"rollout_node": 1}'], env, logs)]
+                    '--resources={"rollout_node": 1}'], env, logs, ray_start)]
     try:
         wait_for_dashboard(f"http://127.0.0.1:{dash}/api/version", token)
         assert get(f"http://127.0.0.1:{dash}/api/version") == 401, "the dashboard must refuse a request without the token"
         nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={short / 'node2'}",
-                            '--resources={"learner_node": 1, "critic_node": 1}'], env, logs))
+                            '--resources={"learner_node": 1, "critic_node": 1}'], env, logs, ray_start))
         run_dir = tmp_path / "run"
         for _ in range(24):  # the head's job agent starts a little after its dashboard
             proc = subprocess.run(
@@ -243,3 +244,16 @@ def test_submit_refuses_a_head_without_auth(tmp_path):
     finally:
         stop([head])
         shutil.rmtree(short, ignore_errors=True)
+
+
+def test_ray_start_needs_the_token_on_other_nodes(tmp_path):
+    """A node joining a cluster stops with a message, before `ray start`, when it has no token."""
+    env = fresh_machine(tmp_path / "home")
+    script = ["bash", str(ROOT / "scripts/ray_start.sh"), "--address", "127.0.0.1:1"]
+    joined = subprocess.run(script, env=env, capture_output=True, text=True, timeout=120)
+    assert joined.returncode != 0 and "copy the head's ~/.ray/auth_token" in joined.stderr, joined.stderr
+    missing = {**env, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "absent")}
+    for args in (["--head"], ["--address", "127.0.0.1:1"]):
+        proc = subprocess.run([*script[:2], *args], env=missing, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "RAY_AUTH_TOKEN_PATH" in proc.stderr, proc.stderr
+    assert not (tmp_path / "home" / ".ray").exists(), "no token made where Ray would not look"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zlib
+from collections import OrderedDict
 from typing import Protocol
 
 from rollout.config import SamplingConfig
@@ -28,6 +29,7 @@ from rollout.trace import Sequence
 
 Message = dict[str, str]  # {"role": ..., "content": ...}
 _MARK = "TRACERL_TURN_MARK"  # placeholder assistant text used to cut template tails
+_TAILS_MAX = 4096  # continuations cached per ChatFormat (keyed on the new turns' text: tool results vary)
 
 
 class Backend(Protocol):
@@ -47,7 +49,7 @@ class ChatFormat:
         self.tok = tokenizer
         self.vocab_size = len(tokenizer)
         self._special = set(tokenizer.all_special_ids)
-        self._tails: dict[tuple, list[int]] = {}
+        self._tails: OrderedDict[tuple, list[int]] = OrderedDict()  # least recently used first
 
     @classmethod
     def from_pretrained(cls, path: str) -> ChatFormat:
@@ -92,13 +94,17 @@ class ChatFormat:
         ended = bool(last_ids) and last_ids[-1] in self._special
         end = self.tok.decode(last_ids[-1:]) if ended else ""
         key = (end, json.dumps(messages, sort_keys=True))
-        if key not in self._tails:
-            base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARK}]
-            text = self._text(base + list(messages), add_generation_prompt=True)
-            tail = text[text.index(_MARK) + len(_MARK):]
-            if end and tail.startswith(end):
-                tail = tail[len(end):]
-            self._tails[key] = self.encode(tail)
+        if key in self._tails:
+            self._tails.move_to_end(key)
+            return list(self._tails[key])
+        base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARK}]
+        text = self._text(base + list(messages), add_generation_prompt=True)
+        tail = text[text.index(_MARK) + len(_MARK):]
+        if end and tail.startswith(end):
+            tail = tail[len(end):]
+        self._tails[key] = self.encode(tail)
+        if len(self._tails) > _TAILS_MAX:  # bounded: every gateway tool result is a new key
+            self._tails.popitem(last=False)
         return list(self._tails[key])
 
 
@@ -119,19 +125,27 @@ class Agent:
 
     def __init__(self, role: str, policy: str, backend: Backend, chat_format: ChatFormat,
                  recorder: TraceRecorder, sampling: SamplingConfig, seed: int | None = None,
-                 trainable: bool = True):
+                 trainable: bool = True, max_model_len: int | None = None):
         """`seed`: if set, every call samples with a seed derived from it, the trace id,
         the role and the call's number, so a rollout can be replayed exactly. `trainable`:
-        whether `policy` is trained (recorded on every sequence)."""
+        whether `policy` is trained (recorded on every sequence). `max_model_len`: the policy's
+        context (model.max_model_len), which the gateway clamps an agent's max_tokens to (None:
+        no clamp)."""
         self.role = role
         self.policy = policy
         self.trainable = trainable
+        self.max_model_len = max_model_len
         self.format = chat_format
         self._backend = backend
         self._recorder = recorder
         self._sampling = sampling
         self._seed = seed
         self._calls = 0
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The run's sampling settings this agent's calls start from."""
+        return self._sampling
 
     def _call_seed(self) -> int | None:
         self._calls += 1

@@ -31,7 +31,19 @@ Sampling honesty. `temperature`, `max_tokens` / `max_completion_tokens`,
 `stop`, `n` and `seed` (ignored: calls are seeded from the run's seed) are
 taken; settings whose distribution the learner cannot reproduce (`top_p` < 1,
 `logit_bias`, penalties, structured outputs, a forced tool choice) are
-refused with an OpenAI-style 400 error that says why.
+refused with an OpenAI-style 400 error that says why, as are fields the
+gateway does not implement (`logprobs`, `chat_template_kwargs`, ...).
+`max_tokens` is clamped to the context the prompt leaves (the agent's
+`max_model_len`), and a prompt that does not fit is a 400, as in vLLM's server.
+
+Model and agent text is hostile input (issue 26). Each session has its own
+key: every request needs `Authorization: Bearer <Session.api_key>` (the
+harness hands it to the agent), else a 401. A body over `max_body_bytes` is
+a 413, read no further. Tool calls are found with `str.find`, in time linear
+in the text. Every error is an OpenAI-style JSON body: the request's fault a
+4xx; an engine failure a 503 (`engine_unavailable`) and a gateway bug a 500,
+both kept on the session (`Session.failure`) so that the harness raises them
+when its agent is done: the worker runs an episode an engine failed again.
 """
 
 from __future__ import annotations
@@ -39,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
+import logging
 import secrets
 import socket
 import time
@@ -47,8 +59,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.client import Agent
+from rollout.router import EngineError
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is read whole
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_PROMPT = ("You can call the functions below. To call one, reply with only\n<tool_call>\n"
                 '{"name": "<function name>", "arguments": {<arguments as JSON>}}\n</tool_call>\n'
                 "and you will get its result in the next message.\nFunctions:\n")
@@ -57,16 +72,21 @@ _TOOL_PROMPT = ("You can call the functions below. To call one, reply with only\
 class RequestError(Exception):
     """A request the gateway refuses: becomes an OpenAI-style error response."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(message)
-        self.param, self.status = param, status
+        self.param, self.status, self.code = param, status, code
 
     def response(self):
-        from starlette.responses import JSONResponse
+        return _error(str(self), self.status, self.param, self.code)
 
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return JSONResponse({"error": {"message": str(self), "type": kind, "param": self.param, "code": None}},
-                            status_code=self.status)
+
+def _error(message: str, status: int, param: str | None = None, code: str | None = None):
+    """An error response with OpenAI's body, which SDKs parse into their exception's message."""
+    from starlette.responses import JSONResponse
+
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status)
 
 
 # ---- messages ------------------------------------------------------------------------------
@@ -98,9 +118,11 @@ def normalize(messages: Any) -> list[dict]:
             try:
                 msg["tool_calls"] = [{"id": c.get("id"), "name": c["function"]["name"],
                                       "arguments": c["function"].get("arguments") or "{}"} for c in calls]
+                if not all(isinstance(c["arguments"], str) for c in msg["tool_calls"]):
+                    raise TypeError
             except (AttributeError, KeyError, TypeError):
-                raise RequestError(f"{where}.tool_calls must be a list of {{id, function: {{name, arguments}}}}",
-                                   where) from None
+                raise RequestError(f"{where}.tool_calls must be a list of {{id, function: {{name, arguments}}}} "
+                                   f"with arguments a JSON string", where) from None
         out.append(msg)
     return out
 
@@ -108,25 +130,39 @@ def normalize(messages: Any) -> list[dict]:
 def _call_text(call: dict) -> str:
     try:
         arguments = json.loads(call["arguments"])
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         arguments = call["arguments"]
     return "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": arguments}) + "\n</tool_call>"
+
+
+def _tool_blocks(text: str):
+    """(start, end, stripped inner text) of each `<tool_call>...</tool_call>` block, found with
+    str.find: linear in the text. (The regex `<tool_call>\\s*(.*?)\\s*</tool_call>` this replaces
+    backtracked cubically: `<tool_call>` + 2,000 spaces of model output took ~8 s on the worker's
+    event loop, which no deadline can pre-empt.)"""
+    pos = 0
+    while (start := text.find(_OPEN, pos)) != -1:
+        end = text.find(_CLOSE, start + len(_OPEN))
+        if end == -1:  # no close after this opening, so none after any later one: stop, do not rescan
+            return
+        yield start, end + len(_CLOSE), text[start + len(_OPEN):end].strip()
+        pos = end + len(_CLOSE)
 
 
 def parse_tool_calls(text: str, session: str, counter: int) -> tuple[str | None, list[dict]]:
     """Split generated text into its content and the tool calls in it (`<tool_call>{json}</tool_call>`).
     A block that is not a JSON object with a name stays in the content."""
     calls, kept, last = [], [], 0
-    for match in _TOOL_CALL.finditer(text):
+    for start, end, inner in _tool_blocks(text):
         try:
-            obj = json.loads(match.group(1))
+            obj = json.loads(inner)
             name, arguments = obj["name"], obj.get("arguments", {})
             if not isinstance(name, str):
                 raise TypeError
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             continue
-        kept.append(text[last:match.start()])
-        last = match.end()
+        kept.append(text[last:start])
+        last = end
         calls.append({"id": f"call_{session[:8]}_{counter + len(calls)}", "name": name,
                       "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
     content = ("".join(kept) + text[last:]).strip() if calls else text
@@ -155,7 +191,9 @@ class Session:
     id: str
     base: str  # http://host:port/s/<id>
     roles: dict[str, _Role]
+    api_key: str  # every request must carry it as `Authorization: Bearer <api_key>`
     reward: float | None = None
+    failure: Exception | None = None  # the first engine failure (EngineError) or gateway bug of a request
     extended: int = 0  # calls whose prompt continued an earlier call's ids
     fresh: int = 0  # calls rendered from their messages
     tool_calls: int = 0
@@ -168,6 +206,16 @@ class Session:
 
     def counts(self) -> dict[str, int]:
         return {"gateway_extended": self.extended, "gateway_fresh": self.fresh, "gateway_tool_calls": self.tool_calls}
+
+    def raise_failure(self) -> None:
+        """Raise what failed a request of this session, if anything did, once the agent is done
+        (it may have swallowed the error): an EngineError as itself, so that the worker runs the
+        episode again (rollout.retries); a gateway bug as a RuntimeError that names it."""
+        if isinstance(self.failure, EngineError):
+            raise self.failure
+        if self.failure is not None:
+            raise RuntimeError(f"the gateway failed a request of this run: {type(self.failure).__name__}: "
+                               f"{self.failure}") from self.failure
 
 
 def _quiet_server(config):
@@ -188,8 +236,9 @@ class Gateway:
     _shared: Gateway | None = None
     _starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", max_body_bytes: int = MAX_BODY_BYTES):
         self.host = host
+        self.max_body_bytes = max_body_bytes
         self.port = 0
         self.sessions: dict[str, Session] = {}
         self._server = None
@@ -245,9 +294,11 @@ class Gateway:
 
     @contextlib.contextmanager
     def session(self, agents: dict[str, Agent]):
-        """A session for one harness run: its `base_url(role)` for each of `agents`' roles."""
+        """A session for one harness run: its `base_url(role)` for each of `agents`' roles, and the
+        `api_key` its requests must carry."""
         sid = secrets.token_hex(12)
-        session = Session(sid, f"http://{self.host}:{self.port}/s/{sid}", {r: _Role(a) for r, a in agents.items()})
+        session = Session(sid, f"http://{self.host}:{self.port}/s/{sid}", {r: _Role(a) for r, a in agents.items()},
+                          api_key=secrets.token_urlsafe(32))
         self.sessions[sid] = session
         try:
             yield session
@@ -258,18 +309,52 @@ class Gateway:
 
     def app(self):
         from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
         from starlette.routing import Route
 
+        async def http_error(request, e):  # unknown paths and methods: JSON too
+            return _error(str(e.detail), e.status_code)
+
         return Starlette(routes=[
-            Route("/s/{session}/{role}/v1/chat/completions", _answering(self._chat), methods=["POST"]),
-            Route("/s/{session}/{role}/v1/models", _answering(self._models), methods=["GET"]),
-            Route("/s/{session}/{role}/v1/reward", _answering(self._reward), methods=["POST"]),
-        ])
+            Route("/s/{session}/{role}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
+            Route("/s/{session}/{role}/v1/models", self._answering(self._models), methods=["GET"]),
+            Route("/s/{session}/{role}/v1/reward", self._answering(self._reward), methods=["POST"]),
+        ], exception_handlers={HTTPException: http_error})
+
+    def _answering(self, handler):
+        """`handler` with whatever it raises answered as an OpenAI-style error: a RequestError as
+        the one it describes; an engine failure as a 503 and anything else as a 500, both kept
+        on the session for its harness to raise when the agent is done."""
+        async def endpoint(request):
+            try:
+                return await handler(request)
+            except RequestError as e:
+                return e.response()
+            except EngineError as e:
+                self._fail(request, e)
+                return _error(f"the model's engine failed this request ({e}); tracerl runs the episode again",
+                              503, code="engine_unavailable")
+            except Exception as e:
+                log.exception("gateway request %s failed", request.url.path)
+                self._fail(request, e)
+                return _error(f"internal error of the tracerl gateway: {type(e).__name__}: {e}", 500)
+
+        return endpoint
+
+    def _fail(self, request, e: Exception) -> None:
+        session = self.sessions.get(request.path_params.get("session"))
+        if session is not None and session.failure is None:
+            session.failure = e
 
     def _lookup(self, request) -> tuple[Session, str]:
         session = self.sessions.get(request.path_params["session"])
         if session is None:
             raise RequestError("unknown session: this URL's harness run has ended (or never began)", status=404)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), session.api_key.encode()):
+            raise RequestError("missing or wrong API key: send this session's key as 'Authorization: Bearer <key>' "
+                               "(the harness gives the agent its api_key argument, or OPENAI_API_KEY)",
+                               status=401, code="invalid_api_key")
         role = request.path_params.get("role")
         if role is not None and role not in session.roles:
             raise RequestError(f"role {role!r} is not in this run; its roles are {sorted(session.roles)}", status=404)
@@ -286,7 +371,7 @@ class Gateway:
         from starlette.responses import JSONResponse
 
         session, _ = self._lookup(request)
-        reward = (await _json(request)).get("reward")
+        reward = (await _json(request, self.max_body_bytes)).get("reward")
         if type(reward) not in (int, float) or reward != reward or abs(reward) == float("inf"):
             raise RequestError("reward must be a finite number", "reward")
         session.reward = float(reward)
@@ -296,7 +381,7 @@ class Gateway:
         from starlette.responses import JSONResponse, Response, StreamingResponse
 
         session, role = self._lookup(request)
-        body = await _json(request)
+        body = await _json(request, self.max_body_bytes)
         result = await _unless_disconnected(request, self.complete(session, role, body))
         if result is None:  # the client left: its generations were aborted, nothing was recorded
             return Response(status_code=499)
@@ -315,15 +400,15 @@ class Gateway:
         messages = normalize(body.get("messages"))
         slot = session.roles[role]
         fmt = slot.agent.format
-        prompt, parent = None, None
-        for call in reversed(slot.calls):  # the latest call this history continues
-            k = len(call.history)
-            if len(messages) > k and messages[:k] == call.history:
-                prompt = call.ids + fmt.continuation(call.ids, _template_messages(messages[k:], fmt, None))
-                parent = call.index
-                break
-        if prompt is None:
-            prompt = fmt.render(_template_messages(messages, fmt, tools), tools=_native_tools(fmt, tools))
+        prompt, parent = _prompt(slot, messages, tools)
+        context = slot.agent.max_model_len
+        if context is not None:  # as vLLM's server: refuse a prompt that does not fit, clamp max_tokens to the rest
+            if len(prompt) >= context:
+                raise RequestError(f"This model's maximum context length is {context} tokens; your messages are "
+                                   f"{len(prompt)} tokens. Shorten them.", "messages", code="context_length_exceeded")
+            sampling["max_tokens"] = min(sampling.get("max_tokens", slot.agent.sampling.max_tokens),
+                                         context - len(prompt))
+        if parent is None:
             session.fresh += n
         else:
             session.extended += n
@@ -351,15 +436,22 @@ class Gateway:
                           "total_tokens": len(prompt) * n + completion_tokens}}
 
 
-def _answering(handler):
-    """`handler` with a RequestError it raises answered as the OpenAI-style error it describes."""
-    async def endpoint(request):
-        try:
-            return await handler(request)
-        except RequestError as e:
-            return e.response()
+def _prompt(slot: _Role, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], int | None]:
+    """The prompt ids of a request and the sequence it continues: the latest earlier call whose
+    history + reply the messages extend, else none (rendered fresh). A template that cannot render
+    the messages (it raised, or the tools nest too deep) is the request's fault: a 400."""
+    from jinja2 import TemplateError
 
-    return endpoint
+    fmt = slot.agent.format
+    try:
+        for call in reversed(slot.calls):
+            k = len(call.history)
+            if len(messages) > k and messages[:k] == call.history:
+                return call.ids + fmt.continuation(call.ids, _template_messages(messages[k:], fmt, None)), call.index
+        return fmt.render(_template_messages(messages, fmt, tools), tools=_native_tools(fmt, tools)), None
+    except (TemplateError, TypeError, ValueError, RecursionError) as e:
+        raise RequestError(f"the chat template could not render these messages: {type(e).__name__}: {e}",
+                           "messages") from None
 
 
 async def _unless_disconnected(request, work):
@@ -383,11 +475,22 @@ async def _unless_disconnected(request, work):
     return work.result() if not work.cancelled() else None
 
 
-async def _json(request) -> dict:
+async def _json(request, limit: int) -> dict:
+    """The request's JSON object body, read no further than `limit` bytes (else a 413)."""
+    too_large = RequestError(f"the request body is over the gateway's limit of {limit} bytes", status=413)
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():  # a chunked body has no length: count as it comes
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
     try:
-        body = await request.json()
-    except ValueError:
-        raise RequestError("the request body is not JSON") from None
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
+        raise RequestError("the request body is not JSON (or nests too deep)") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     return body
@@ -397,7 +500,11 @@ async def _json(request) -> dict:
 # values that leave it alone (absent, or one of these).
 _REFUSED = {"top_p": (1,), "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,),
             "repetition_penalty": (1,), "min_p": (0,), "top_k": (-1, 0), "response_format": ({"type": "text"},),
-            "guided_json": (), "guided_regex": (), "guided_choice": (), "structured_outputs": ()}
+            "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+            "structured_outputs": (), "min_tokens": (0,), "bad_words": ([],), "allowed_token_ids": ()}
+# Fields this gateway does not implement (rather than answer as if they had been taken).
+_UNIMPLEMENTED = {"logprobs": (False,), "top_logprobs": (0,), "chat_template_kwargs": ({},),
+                  "continue_final_message": (False,), "add_generation_prompt": (True,), "echo": (False,)}
 
 
 def _sampling(body: dict) -> dict:
@@ -405,9 +512,15 @@ def _sampling(body: dict) -> dict:
     for key, neutral in _REFUSED.items():
         value = body.get(key)
         if value is not None and value not in neutral:
-            raise RequestError(f"{key}={value!r} is not supported: the learner scores each token under the "
-                               f"model's full distribution at the sampling temperature, and cannot reproduce "
+            raise RequestError(f"{key}={str(value)[:100]} is not supported: the learner scores each token under "
+                               f"the model's full distribution at the sampling temperature, and cannot reproduce "
                                f"{key}; leave it out", key)
+    for key, neutral in _UNIMPLEMENTED.items():
+        value = body.get(key)
+        if value is not None and value not in neutral:
+            raise RequestError(f"{key}={str(value)[:100]} is not supported by tracerl's gateway; leave it out", key)
+    if not isinstance(body.get("stream_options") or {}, dict):
+        raise RequestError("stream_options must be an object", "stream_options")
     out: dict[str, Any] = {}
     temperature = body.get("temperature")
     if temperature is not None:
@@ -463,7 +576,7 @@ def _template_messages(messages: list[dict], fmt, tools: list[dict] | None) -> l
         if m.get("tool_calls"):
             if native:
                 msg["tool_calls"] = [{"id": c["id"], "type": "function",
-                                      "function": {"name": c["name"], "arguments": json.loads(c["arguments"])}}
+                                      "function": {"name": c["name"], "arguments": _arguments(c)}}
                                      for c in m["tool_calls"]]
             else:
                 blocks = [_call_text(c) for c in m["tool_calls"]]
@@ -476,6 +589,15 @@ def _template_messages(messages: list[dict], fmt, tools: list[dict] | None) -> l
         else:
             out.insert(0, {"role": "system", "content": described})
     return out
+
+
+def _arguments(call: dict) -> Any:
+    """A tool call's arguments as the JSON value a template that renders tool calls takes."""
+    try:
+        return json.loads(call["arguments"])
+    except (ValueError, RecursionError):
+        raise RequestError(f"the arguments of tool call {call['name']!r} are not JSON: {call['arguments'][:200]!r}",
+                           "messages") from None
 
 
 def _sse(result: dict, body: dict):

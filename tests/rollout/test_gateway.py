@@ -1,5 +1,6 @@
 """The OpenAI-compatible gateway (rollout/gateway.py) with the `openai` SDK against the real engine
-(tiny model, its real tokenizer and chat template), and the openai_agent harness in a real worker."""
+(tiny model, its real tokenizer and chat template), and the openai_agent harness in a real worker.
+Hostile input (issue 26): tests/rollout/test_gateway_hostile.py."""
 
 import asyncio
 import json
@@ -28,22 +29,25 @@ class Question:  # what an agent function is given: a task with a prompt
 
 @pytest.fixture(scope="module")
 def gateway_run(engine, tiny_tokenizer):
-    """`gateway_run(fn, traces=1, temperature=1.0, max_tokens=12, **sampling)`: opens a session per trace over
-    the shared engine (role "solver") and runs `fn(session, client, k)` for each at once, in this
-    process's event loop with the gateway in it. Returns [(recorder, session, result)]."""
-    fmt = ChatFormat(tiny_tokenizer)
+    """`gateway_run(fn, traces=1, temperature=1.0, max_tokens=12, max_model_len=None, backend=None,
+    fmt=None, **sampling)`: opens a session per trace over the shared engine (or `backend`; role
+    "solver", the tiny model's chat format or `fmt`) and runs `fn(session, client, k)` for each at
+    once, in this process's event loop with the gateway in it (the client has the session's key).
+    Returns [(recorder, session, result)]."""
+    tiny_format = ChatFormat(tiny_tokenizer)
 
-    def run(fn, traces=1, temperature=1.0, max_tokens=12, **sampling):
+    def run(fn, traces=1, temperature=1.0, max_tokens=12, max_model_len=None, backend=None, fmt=None, **sampling):
         async def main():
             gateway = Gateway()
             await gateway.start()
             try:
                 async def one(k):
                     rec = TraceRecorder(f"gw-{k}")
-                    agent = Agent("solver", "main", Router([engine]), fmt, rec,
-                                  SamplingConfig(temperature=temperature, max_tokens=max_tokens, **sampling), seed=3)
+                    agent = Agent("solver", "main", backend or Router([engine]), fmt or tiny_format, rec,
+                                  SamplingConfig(temperature=temperature, max_tokens=max_tokens, **sampling), seed=3,
+                                  max_model_len=max_model_len)
                     with gateway.session({"solver": agent}) as s:
-                        async with AsyncOpenAI(base_url=s.base_url("solver"), api_key="x", max_retries=0) as c:
+                        async with AsyncOpenAI(base_url=s.base_url("solver"), api_key=s.api_key, max_retries=0) as c:
                             result = await fn(s, c, k)
                     return rec, s, result
 
@@ -67,7 +71,7 @@ def test_example_agent_every_call_is_a_sequence_and_later_turns_extend_exactly(g
     from examples.calculator_agent import SYSTEM, agent
 
     question = "What is 3 + 4? Answer in <answer></answer> tags."
-    [(rec, session, answer)] = gateway_run(lambda s, c, k: agent(Question(question), s.base_url("solver"), "x"))
+    [(rec, session, answer)] = gateway_run(lambda s, c, k: agent(Question(question), s.base_url("solver"), s.api_key))
     seqs = rec.sequences
     assert len(seqs) >= 2 and isinstance(answer, str)
     assert answer == ChatFormat(tiny_tokenizer).decode(seqs[-1].completion_ids)
@@ -154,7 +158,8 @@ def test_unreproducible_sampling_is_refused_and_temperature_is_recorded(gateway_
     async def calls(session, client, k):
         refused = []
         for extra in ({"top_p": 0.9}, {"logit_bias": {"5": 3}}, {"presence_penalty": 0.5},
-                      {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}):
+                      {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]},
+                      {"logprobs": True}, {"top_logprobs": 2, "logprobs": False}):
             with pytest.raises(BadRequestError) as e:
                 await client.chat.completions.create(model="main", messages=[{"role": "user", "content": "hi"}],
                                                      **extra)
@@ -164,7 +169,8 @@ def test_unreproducible_sampling_is_refused_and_temperature_is_recorded(gateway_
         return refused
 
     [(rec, _, refused)] = gateway_run(calls, temperature=0.7)
-    assert [b["param"] for b in refused] == ["top_p", "logit_bias", "presence_penalty", "tool_choice"]
+    assert [b["param"] for b in refused] == ["top_p", "logit_bias", "presence_penalty", "tool_choice", "logprobs",
+                                             "top_logprobs"]  # logprobs: not answered as null (review L4)
     assert all("not supported" in b["message"] for b in refused)
     [seq] = rec.sequences
     assert seq.temperature == 1.0 and len(seq.completion_ids) <= 3
@@ -230,7 +236,7 @@ def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, e
         agent = Agent("solver", "main", Router([eng]), fmt, rec, SamplingConfig(temperature=0.0, max_tokens=48))
         try:
             with gateway.session({"solver": agent}) as s:
-                async with AsyncOpenAI(base_url=s.base_url("solver"), api_key="x", max_retries=0) as client:
+                async with AsyncOpenAI(base_url=s.base_url("solver"), api_key=s.api_key, max_retries=0) as client:
                     messages = list(examples)
                     r = await client.chat.completions.create(model="main", messages=messages, tools=TOOLS)
                     first = r.choices[0]
@@ -310,7 +316,7 @@ async def reporting_agent(task, base_url, api_key):
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
         r = await client.chat.completions.create(model="main", max_tokens=4,
                                                  messages=[{"role": "user", "content": task.prompt}])
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {api_key}"}) as http:
         assert (await http.post(f"{base_url}/reward", json={"reward": "high"})).status_code == 400
         (await http.post(f"{base_url}/reward", json={"reward": 0.25})).raise_for_status()
     return r.choices[0].message.content

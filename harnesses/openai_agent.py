@@ -53,7 +53,7 @@ STDERR_TAIL_BYTES = 64 * 2**10  # of a command's stderr, the tail kept for the e
 
 async def openai_agent(task, agents, agent: str | None = None, command: str | list[str] | None = None,
                        role: str | None = None, timeout_s: float = 300.0,
-                       env: list[str] | tuple[str, ...] = ()) -> HarnessResult:
+                       env: list[str] | None = None) -> HarnessResult:
     from rollout.gateway import Gateway
 
     role = _role(agents, role)
@@ -65,7 +65,7 @@ async def openai_agent(task, agents, agent: str | None = None, command: str | li
                 own = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.api_key,
                        "TRACERL_REWARD_URL": session.reward_url(role),
                        "TRACERL_BASE_URLS": json.dumps({r: session.base_url(r) for r in agents})}
-                answer = await run_command(command, task.prompt, agent_env(own, env), timeout_s)
+                answer = await run_command(command, task.prompt, agent_env(own, env or ()), timeout_s)
             else:
                 answer = await _run_function(_agent_function(agent), task, base_url, session.api_key, timeout_s)
         except Exception:

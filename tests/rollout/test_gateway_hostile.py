@@ -205,10 +205,12 @@ def test_a_command_agent_sees_only_the_allowed_environment(run_harness, monkeypa
     monkeypatch.setenv("SECRET_X", "hunter2")
     monkeypatch.setenv("NAMED_Y", "1")
     show = [sys.executable, "-c", "import os, json; print(json.dumps(sorted(os.environ)))"]
-    _, _, result = run_harness("harnesses.openai_agent.openai_agent", ["agent"], command=show, env=["NAMED_Y"])
+    _, _, result = run_harness("harnesses.openai_agent.openai_agent", ["agent"], command=show)
     names = json.loads(result.info["answer"])
-    assert "SECRET_X" not in names and not any(n.startswith("RAY_") for n in names)
-    assert {"PATH", "NAMED_Y", "OPENAI_BASE_URL", "OPENAI_API_KEY", "TRACERL_REWARD_URL"} <= set(names)
+    assert "SECRET_X" not in names and "NAMED_Y" not in names and not any(n.startswith("RAY_") for n in names)
+    assert {"PATH", "OPENAI_BASE_URL", "OPENAI_API_KEY", "TRACERL_REWARD_URL"} <= set(names)
+    _, _, result = run_harness("harnesses.openai_agent.openai_agent", ["agent"], command=show, env=["NAMED_Y"])
+    assert "NAMED_Y" in json.loads(result.info["answer"])  # named in harness.options.env
 
 
 def test_a_command_agent_that_floods_stdout_fails_the_trace_and_is_killed(run_harness, tmp_path):

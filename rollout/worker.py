@@ -41,6 +41,7 @@ class RolloutWorker:
         self.routers = {p: Router(e, p, cfg.policy_engine(p).request_timeout_s, cfg.policy_engine(p).start_timeout_s)
                         for p, e in engines.items()}
         self.formats = {p: ChatFormat.from_pretrained(path) for p, path in model_paths.items()}
+        self.max_model_len = {p: cfg.policy_model(p).max_model_len for p in self.routers}  # the gateway's clamp
         unknown = {p for p in self.agents.values()} - set(self.routers)
         if unknown:
             raise ValueError(f"agents maps roles to policies {sorted(unknown)} that have no engines")
@@ -73,7 +74,8 @@ class RolloutWorker:
         """One run of the harness on `task`: the trace, and whether an engine failure ended it."""
         recorder = TraceRecorder(f"{group}#{sample}")
         agents = {role: Agent(role, policy, self.routers[policy], self.formats[policy], recorder,
-                              sampling or self.sampling, seed=self.seed, trainable=self.trainable[policy])
+                              sampling or self.sampling, seed=self.seed, trainable=self.trainable[policy],
+                              max_model_len=self.max_model_len[policy])
                   for role, policy in self.agents.items()}
         start = time.time()
         status, error, result, engine_failed = "ok", None, None, False

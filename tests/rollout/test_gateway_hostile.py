@@ -182,6 +182,35 @@ def test_an_engine_failure_in_a_gateway_request_runs_the_episode_again(engine, t
     assert trace.info["attempts"] == 2 and len(trace.sequences) == 1 and worker.counts["episodes_retried"] == 1
 
 
+async def greedy_agent(task, base_url, api_key):
+    """An agent that asks for far more tokens than any context holds."""
+    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        r = await client.chat.completions.create(model="main", max_tokens=100000,
+                                                 messages=[{"role": "user", "content": task.prompt}])
+    return f"{r.usage.prompt_tokens} {r.usage.completion_tokens}"
+
+
+def test_a_rollout_worker_clamps_agents_to_its_models_context(engine, tiny_path):
+    """The worker hands each Agent its policy's model.max_model_len (48 here), so an agent's
+    max_tokens=100000 is clamped to the context its prompt leaves instead of failing the request."""
+    from rollout.config import GenerateJobConfig, HarnessConfig, ModelConfig, RolloutConfig, TaskConfig
+    from rollout.worker import RolloutWorker
+    from tests.conftest import EASY_CHAIN_SUM
+
+    harness = HarnessConfig(_target_="harnesses.openai_agent.openai_agent", name="openai_agent", roles=["solver"],
+                            options={"agent": "tests.rollout.test_gateway_hostile.greedy_agent"})
+    cfg = GenerateJobConfig(model=ModelConfig(name="tiny", max_model_len=48), harness=harness,
+                            agents={"solver": "main"}, task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM,
+                                                                       instruction=""),
+                            rollout=RolloutConfig(concurrency=1, group_size=1, timeout_s=60.0),
+                            sampling=SamplingConfig(max_tokens=4))
+    worker = RolloutWorker(0, cfg, {"main": [engine]}, {"main": tiny_path}, buffer=None)
+    trace = asyncio.run(worker.episode(worker.tasks.train_task(0), "g", 0))
+    assert trace.status != "failed", trace.error
+    prompt_tokens, completion_tokens = map(int, trace.info["answer"].split())
+    assert 0 < completion_tokens <= 48 - prompt_tokens and prompt_tokens < 48
+
+
 def test_a_gateway_bug_is_a_json_500_and_fails_the_trace_by_name(engine, tiny_tokenizer):
     """Any other exception in a request: the agent gets a JSON 500 naming it, and the harness fails
     the trace with it even though the agent carried on."""

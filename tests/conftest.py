@@ -189,3 +189,13 @@ def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: fl
 def read_metrics(run_dir) -> list[dict]:
     """The rows of a run's metrics.jsonl."""
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def fake_checkpoint(run_dir, step, complete=True):
+    """A checkpoint folder as `save` leaves it (complete) or as a killed save leaves it (partial)."""
+    from trainer import checkpoint
+
+    checkpoint.start(run_dir, step)
+    (checkpoint.partial_dir(run_dir, step) / "main").mkdir()
+    if complete:
+        checkpoint.finish(run_dir, step, {"main": step})

@@ -9,14 +9,7 @@ import torch
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.loop import check_run_dir
-
-
-def fake_checkpoint(run_dir, step, complete=True):
-    """A checkpoint folder as `save` leaves it (complete) or as a killed save leaves it (partial)."""
-    checkpoint.start(run_dir, step)
-    (checkpoint.partial_dir(run_dir, step) / "main").mkdir()
-    if complete:
-        checkpoint.finish(run_dir, step, {"main": step})
+from tests.conftest import fake_checkpoint
 
 
 def names(paths):

@@ -9,7 +9,7 @@ import ray
 import torch
 
 from rollout.trace import Sequence, Trace, TraceError
-from tests.conftest import read_metrics
+from tests.conftest import fake_checkpoint, read_metrics
 from tests.faults import Injector
 from trainer import checkpoint
 from trainer.config import compose
@@ -17,14 +17,6 @@ from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
 from trainer.loop import check_failures, check_run_dir, start_run_dir, train
-
-
-def fake_checkpoint(run_dir, step, complete=True):
-    """A checkpoint folder as `save` leaves it (complete) or as a killed save leaves it (partial)."""
-    checkpoint.start(run_dir, step)
-    (checkpoint.partial_dir(run_dir, step) / "main").mkdir()
-    if complete:
-        checkpoint.finish(run_dir, step, {"main": step})
 
 
 def test_a_save_cut_short_is_never_resumed_from_and_prune_keeps_the_newest(tmp_path):

@@ -184,18 +184,19 @@ def test_the_watchdog_tells_a_busy_engine_from_a_hung_one(ray_cluster, tiny_path
         ray.kill(e)
 
 
-def test_a_weight_load_in_progress_is_not_a_hang_and_loads_run_one_at_a_time(engine, tiny_tokenizer, hf_tiny):
-    """A load (sync_pause_mode=wait) waits for the long request in flight, and generation stays
-    paused meanwhile, so the health probe goes unanswered: the watchdog's verdict is "loading"
-    (within engine.sync_timeout_s), not "hung" (before, it killed the engine mid-load). A second
-    load queues behind the first instead of interleaving its pause, load and resume with it."""
+def test_a_weight_load_in_progress_is_not_a_hang_and_loads_run_one_at_a_time(engine, hf_tiny):
+    """A load (sync_pause_mode=wait) waits for the requests in flight, and generation stays paused
+    meanwhile, so the health probe goes unanswered: the watchdog's verdict is "loading" (within
+    engine.sync_timeout_s), not "hung" (before, it killed the engine mid-load). A second load queues
+    behind the first instead of interleaving its pause, load and resume with it. (The requests in
+    flight are 32 of 2040 tokens, so they outlast the probe however fast the box; then cancelled.)"""
     import time
 
     from rollout.fleet import probe_engine
 
     same = save({k: v.detach().clone() for k, v in hf_tiny.named_parameters()})  # only the version changes
     v0 = ray.get(engine.info.remote())["version"]
-    long = engine.generate.remote(chat_prompt(tiny_tokenizer), SamplingConfig(max_tokens=1500, ignore_eos=True))
+    long = engine.generate.remote([5, 6, 7], SamplingConfig(n=32, max_tokens=2040, ignore_eos=True))
     deadline = time.monotonic() + 60
     while ray.get(engine.info.remote())["active"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -204,10 +205,9 @@ def test_a_weight_load_in_progress_is_not_a_hang_and_loads_run_one_at_a_time(eng
     while ray.get(engine.info.remote())["loads_waiting"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     info = ray.get(engine.info.remote())
-    assert info["loading_s"] is not None and info["loads_waiting"] == 1, info
+    assert info["loading_s"] is not None and info["loads_waiting"] == 1 and info["active"] == 1, info
     assert probe_engine(engine, timeout_s=1.0, load_timeout_s=600.0) == "loading"
-    [c] = ray.get(long, timeout=300)
+    ray.cancel(long)  # vLLM aborts it: the paused load goes on
     ray.get([first, second], timeout=300)
-    assert c.version == v0 and len(c.completion_ids) == 1500, "the request in flight finished on the old weights"
     info = ray.get(engine.info.remote())
     assert info["version"] == v0 + 2 and info["loading_s"] is None and info["loads_waiting"] == 0

@@ -56,15 +56,20 @@ class RolloutWorker:
         """Run the harness on `task`; always returns a Trace (failed on any error). An attempt that
         an engine failure ended (an engine that died did not come back, or died again, or one did
         not answer within engine.request_timeout_s; a request that met a dead engine is first sent
-        again to the restarted one, counted in info["requests_resent"]) is run again from the start, up to `rollout.retries` times, with the same trace id (so the
-        same sampling seeds); the trace records its attempts in info["attempts"]."""
+        again to the restarted one, counted in info["requests_resent"] over all attempts) is run
+        again from the start, up to `rollout.retries` times, with the same trace id (so the same
+        sampling seeds); the trace records its attempts in info["attempts"]."""
+        resent = 0
         for attempt in range(1, self.cfg.retries + 2):
             trace, engine_failed = await self.attempt(task, group, sample, sampling)
+            resent += trace.info.get("requests_resent", 0)
             if not engine_failed or attempt > self.cfg.retries:
                 break
             self.counts["episodes_retried"] += 1
         if attempt > 1:
             trace.info["attempts"] = attempt
+        if resent:
+            trace.info["requests_resent"] = resent
         self.counts[f"traces_{trace.status}"] += 1
         self.generated_tokens += trace.num_generated_tokens
         return trace

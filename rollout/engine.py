@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -342,26 +343,35 @@ class Engine:
         return loaded[0]
 
     @_dies_with_core
-    async def open_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                                timeout_s: float) -> None:
-        """Join the base policy's weight group as `rank` (trainer/weight_sync.py::CollectiveSync);
-        the learner's rank 0 and the policy's other engines join at the same time."""
+    async def weight_identities(self) -> list[str]:
+        """Each worker's device (rollout/weight_transport.py::device_identity), in tensor-parallel
+        rank order: what the weight group's transport for it is chosen from."""
+        from rollout.vllm_ext import WeightSyncExtension
+
+        return await self._llm.collective_rpc(WeightSyncExtension.tracerl_device_identity.__name__)
+
+    @_dies_with_core
+    async def open_weight_group(self, plan, first_member: int, timeout_s: float) -> list[str]:
+        """Join the base policy's weight group (trainer/weight_sync.py::CollectiveSync) as members
+        `first_member`.. (one per worker); learner rank 0 and the policy's other engines join at the
+        same time. Returns each worker's transport."""
         from rollout.vllm_ext import WeightSyncExtension
 
         await self._current()
-        await self._llm.collective_rpc(WeightSyncExtension.tracerl_open_weight_group.__name__,
-                                       args=(host, port, rank, world_size, backend, timeout_s))
+        # pickled here: vLLM's RPC would turn the plan into a dict and cannot carry a CUDA IPC handle's types
+        return await self._llm.collective_rpc(WeightSyncExtension.tracerl_open_weight_group.__name__,
+                                              args=(pickle.dumps(plan), first_member, timeout_s))
 
     @_dies_with_core
     async def receive_weights(self, version: int, layout: list) -> dict[str, float]:
-        """Take the base weights the learner's rank 0 broadcasts over the weight group, in
-        `layout` order, and load them in place as `version` (paused as in `update_weights`)."""
+        """Take the base weights learner rank 0 sends over the weight group as `version`, in
+        `layout` order, and load them in place (paused as in `update_weights`)."""
         from rollout.vllm_ext import WeightSyncExtension
 
         await self._current()
         t0 = time.perf_counter()
         loaded, receive_s = await self._swap_base(version, WeightSyncExtension.tracerl_receive_weights.__name__,
-                                                  layout)
+                                                  version, layout)
         return {"seconds": time.perf_counter() - t0, "receive_seconds": receive_s, "tensors": float(loaded)}
 
     async def _load_adapter(self, policy: str, version: int, buckets: list[bytes]) -> int:

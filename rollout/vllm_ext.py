@@ -10,11 +10,14 @@ loaded yet (rollout.lora_cpu needs only torch and vLLM).
 
 from __future__ import annotations
 
+from vllm.platforms import current_platform
+
 from rollout import lora_cpu
 
 # this module is imported in the engine's worker process before its first forward: the CPU
-# backend's LoRA ops are replaced there (rollout/lora_cpu.py says why; the GPU path does not use them)
-lora_cpu.install()
+# backend's LoRA ops are replaced there (rollout/lora_cpu.py says why; CUDA has its own kernels)
+if current_platform.is_cpu():
+    lora_cpu.install()
 
 
 def _quiet_expected_reload_warnings(tied: bool):
@@ -44,46 +47,52 @@ class WeightSyncExtension:
 
         return self._tracerl_reload(item for blob in buckets for item in load(blob).items())
 
-    def tracerl_open_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str,
-                                  timeout_s: float) -> None:
-        """Join the policy's weight group (rollout/weight_transport.py) as `rank` + this worker's
-        tensor-parallel rank (each worker of an engine receives the full weights)."""
-        from rollout.weight_transport import open_group
+    def _tracerl_device(self):
+        import torch
 
-        self._tracerl_group = None  # a group opened before (the engine's last) is dropped
-        self._tracerl_group = open_group(host, port, rank + getattr(self, "rank", 0), world_size, backend,
-                                         timeout_s)
+        return getattr(self, "device", None) or torch.device("cpu")
 
-    def tracerl_receive_weights(self, layout: list) -> tuple[int, float]:
-        """Receive the weights in `layout` order from the learner's rank 0 (one bucket at a time,
+    def tracerl_device_identity(self) -> str:
+        """This worker's device, for the transport learner rank 0 sends it weights over."""
+        from rollout.weight_transport import device_identity
+
+        return device_identity(self._tracerl_device())
+
+    def tracerl_open_weight_group(self, plan: bytes, first_member: int, timeout_s: float) -> str:
+        """Join the policy's weight group (rollout/weight_group.py) as member `first_member` + this
+        worker's tensor-parallel rank (each worker of an engine receives the full weights); returns
+        the transport the plan (pickled by our Engine actor) gives it."""
+        import pickle
+
+        from rollout.weight_group import WeightGroup
+
+        plan = pickle.loads(plan)
+        old, self._tracerl_group = getattr(self, "_tracerl_group", None), None
+        if old is not None:  # a group opened before (the engine's last) is dropped
+            old.close()
+        member = first_member + getattr(self, "rank", 0)
+        self._tracerl_group = WeightGroup(plan, member, self._tracerl_device(), timeout_s)
+        return self._tracerl_group.transport
+
+    def tracerl_receive_weights(self, version: int, layout: list) -> tuple[int, float]:
+        """Receive `version`'s weights in `layout` order from learner rank 0 (one bucket at a time,
         so at most a bucket is held beside the model) and load them in place; returns the tensors
         loaded and the seconds spent receiving (the rest is vLLM's load)."""
         import time
 
-        import torch
-
-        from rollout.weight_transport import broadcast, dtype_of, wait
-
-        device = getattr(self, "device", None) or torch.device("cpu")
         receive_s = 0.0
 
-        def start(bucket):
-            received = [torch.empty(shape, dtype=dtype_of(dtype), device=device) for _, shape, dtype in bucket]
-            return received, broadcast(self._tracerl_group, received)
-
-        def tensors():
-            # the next bucket arrives while vLLM loads and repacks this one
+        def timed(items):
             nonlocal receive_s
-            pending = start(layout[0]) if layout else None
-            for k, bucket in enumerate(layout):
+            while True:
                 t0 = time.perf_counter()
-                received, works = pending
-                wait(works)
-                pending = start(layout[k + 1]) if k + 1 < len(layout) else None
+                item = next(items, None)
                 receive_s += time.perf_counter() - t0
-                yield from zip((name for name, _, _ in bucket), received)
+                if item is None:
+                    return
+                yield item
 
-        return self._tracerl_reload(tensors()), receive_s
+        return self._tracerl_reload(timed(self._tracerl_group.receive(version, layout))), receive_s
 
     def _tracerl_reload(self, weights) -> int:
         """vLLM's in-place reload of `weights` ((HF name, tensor) pairs): only the layers they
@@ -96,15 +105,14 @@ class WeightSyncExtension:
                 n += 1
                 yield item
 
-        runner = self.model_runner
-        model = runner.get_model()
+        model = self.model_runner.get_model()
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
         restore = _quiet_expected_reload_warnings(tied)
-        try:
-            runner.reload_weights(weights_iterator=counted())
+        try:  # the worker's own reload: under its vLLM config, as some layers' loaders need
+            self.reload_weights(weights_iterator=counted())
         finally:
             restore()
-        model = runner.get_model()
+        model = self.model_runner.get_model()
         # The CPU backend repacks the lm_head for its GEMM at load time. With tied
         # embeddings the reload writes the shared weight through embed_tokens, so
         # the packed lm_head goes stale (logits off by ~3): repack it here.

@@ -1,72 +1,189 @@
-"""The process group a policy's weights travel over: learner rank 0 -> every engine worker.
+"""How a policy's weights travel from learner rank 0 into every engine worker.
 
-`trainer/weight_sync.py::CollectiveSync` opens one per trained policy. Rank 0 is the
-learner's rank 0 (it hosts the TCPStore), ranks 1.. are the policy's engine workers.
-The group is built directly on its own store, outside torch's default group, so
-neither DeepSpeed's group in the learner nor vLLM's in the engine worker is touched.
-gloo on CPU, NCCL on GPU: the same calls.
+`trainer/weight_sync.py::CollectiveSync` opens one `WeightGroup` per trained policy: member 0 is
+learner rank 0 (it hosts the TCPStore), members 1.. are the policy's engine workers. Each member
+takes the weights over the transport its device and rank 0's call for, chosen once at group start
+(`choose_transport`):
 
-A push sends `layout` order: buckets of (name, shape, dtype), one broadcast per
-tensor from rank 0. Both sides import this module (the engine side inside vLLM's
-worker process), so it needs torch only.
+- `ipc`: the same GPU. NCCL refuses two ranks on one device, so rank 0 copies each bucket into one
+  of two staging buffers it shared by CUDA IPC handle at group start; the worker clones the bucket
+  out of it and acks through the store. (On CPU the same protocol runs over POSIX shared memory,
+  for hosts that ask for it with `sync.transport=ipc`.)
+- `nccl`: two GPUs; `gloo`: CPU (or anything else). One process group joins rank 0 and every
+  member of these two kinds, built on the group's own store outside torch's default group, so
+  neither DeepSpeed's group in the learner nor vLLM's in the engine worker is touched.
+
+This module holds the choice, the plan and the staging buffers; rollout/weight_group.py the group
+and its push. Both sides import them (the engine side inside vLLM's worker process;
+scripts/gpu_check_transport.py on a bare GPU box), so they need torch only.
 """
 
 from __future__ import annotations
 
-import datetime
+import math
+import socket
+from dataclasses import dataclass, field
 
 Layout = list[list[tuple[str, list[int], str]]]  # buckets of (name, shape, dtype name)
 
-
-class WeightGroup:
-    """A process group and the store it rendezvoused on (which must outlive the group's use)."""
-
-    def __init__(self, group, store):
-        self.group, self.store = group, store
-
-
+TRANSPORTS = ("ipc", "nccl", "gloo")
 OPEN_TIMEOUT_S = 60.0  # all members must have joined by then (they start joining together)
+ALIGN = 256  # bytes: each tensor of a bucket starts on this boundary of a staging buffer
 
 
-def open_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> WeightGroup:
-    """Join the weight group (all `world_size` members call it at once; rank 0 listens on
-    `host:port`); a member missing after OPEN_TIMEOUT_S fails the join. Every later operation
-    on the group fails after `timeout_s` rather than hang."""
-    import torch.distributed as dist
+def device_identity(device) -> str:
+    """What `choose_transport` compares: `cuda:<GPU UUID>` (the same physical GPU whatever the
+    process's CUDA_VISIBLE_DEVICES) or `cpu:<host>` (the host's boot id: the same machine)."""
+    import torch
 
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
-                          timeout=datetime.timedelta(seconds=OPEN_TIMEOUT_S),
-                          wait_for_workers=True, use_libuv=True)
-    store = dist.PrefixStore("tracerl-weights", store)
-    if backend == "nccl":  # GPU: the same group, NCCL's transport
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        group = dist.ProcessGroupNCCL(store, rank, world_size, options)
-    else:
-        group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    return WeightGroup(group, store)
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_properties(device).uuid}"
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            host = f.read().strip()
+    except OSError:
+        host = socket.gethostname()
+    return f"{device.type}:{host}"
 
 
-def broadcast(group: WeightGroup, tensors: list) -> list:
-    """Start broadcasting `tensors` from rank 0 into the same-shaped tensors of every other rank;
-    returns the works to `wait` on (gloo and NCCL move them on their own threads/streams)."""
-    import torch.distributed as dist
+def choose_transport(sender: str, receiver: str, prefer: str = "auto") -> str:
+    """The transport from a sender to a receiver device (`device_identity`s). `auto`: ipc when both
+    are the same GPU, nccl between two GPUs, gloo otherwise. A `prefer`red one that cannot work
+    between these two devices is a ValueError that says why."""
+    kinds = sender.partition(":")[0], receiver.partition(":")[0]
+    same = sender == receiver
+    if prefer == "auto":
+        if kinds == ("cuda", "cuda"):
+            return "ipc" if same else "nccl"
+        return "gloo"
+    if prefer == "ipc" and not same and kinds != ("cpu", "cpu"):
+        raise ValueError(f"sync.transport=ipc needs the learner's rank 0 and the engine worker on the same "
+                         f"device; they are on {sender} and {receiver}")
+    if prefer == "ipc" and not same:
+        raise ValueError(f"sync.transport=ipc needs the learner's rank 0 and the engine worker on the same "
+                         f"host; they are on {sender} and {receiver}")
+    if prefer == "nccl" and (kinds != ("cuda", "cuda") or same):
+        raise ValueError(f"sync.transport=nccl needs two different GPUs (NCCL refuses two ranks on one); "
+                         f"the learner's rank 0 is on {sender}, the engine worker on {receiver}")
+    if prefer not in TRANSPORTS:
+        raise ValueError(f"sync.transport={prefer!r}: expected auto or one of {TRANSPORTS}")
+    return prefer
 
-    works = []
-    for t in tensors:
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        works.append(group.group.broadcast([t], opts))
-    return works
+
+def offsets(bucket) -> tuple[list[int], int]:
+    """Byte offsets of a bucket's tensors in a staging buffer, and the bytes it needs."""
+    starts, end = [], 0
+    for _, shape, dtype in bucket:
+        starts.append(end)
+        end += -(-math.prod(shape) * dtype_of(dtype).itemsize // ALIGN) * ALIGN
+    return starts, end
 
 
-def wait(works: list) -> None:
-    for w in works:
-        w.wait()
+@dataclass
+class GroupPlan:
+    """Who joins a policy's weight group and how: `transports[m]` is member m+1's."""
+    host: str
+    port: int
+    transports: list[str]
+    buffer_bytes: int = 0  # each ipc staging buffer's size (the largest bucket)
+    buffers: list = field(default_factory=list)  # rank 0's two staging buffers, shared (`share`)
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if "nccl" in self.transports and "gloo" not in self.transports else "gloo"
+
+    def pg_rank(self, member: int) -> int | None:
+        """Member's rank in the process group (rank 0 is 0; ipc members are not in it)."""
+        if member == 0:
+            return 0
+        if self.transports[member - 1] == "ipc":
+            return None
+        return 1 + sum(t != "ipc" for t in self.transports[:member - 1])
+
+    @property
+    def pg_world(self) -> int:
+        return 1 + sum(t != "ipc" for t in self.transports)
+
+
+def share(buffer) -> tuple:
+    """A staging buffer as a handle another process on the same device opens with `attach`:
+    CUDA IPC on a GPU, the POSIX shared memory block it lives in on CPU."""
+    if buffer.is_cuda:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        _, args = reduce_tensor(buffer)
+        return ("cuda", args)
+    return ("shm", buffer.shm_name, buffer.numel())
+
+
+def staging_buffer(nbytes: int, device):
+    """A uint8 buffer `share` can hand out: CUDA memory, or a shared memory block on CPU (kept
+    alive by the tensor's `shm` attribute)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    from multiprocessing import shared_memory
+
+    shm = shared_memory.SharedMemory(create=True, size=nbytes)
+    buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
+    buffer.shm, buffer.shm_name = shm, shm.name
+    return buffer
+
+
+def attach(handle: tuple, device):
+    """Open a buffer `share`d by rank 0, in this process (on `device`, the same physical one)."""
+    import torch
+
+    if handle[0] == "cuda":
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        args = list(handle[1])
+        args[6] = torch.device(device).index  # the sender's device number is not necessarily ours
+        return rebuild_cuda_tensor(*args)
+    import mmap
+    import os
+
+    # mapped by hand, not with shared_memory.SharedMemory: the block is rank 0's, and Python 3.11's
+    # resource tracker would unlink it when this process exits
+    fd = os.open(f"/dev/shm/{handle[1].lstrip('/')}", os.O_RDWR)
+    try:
+        block = mmap.mmap(fd, handle[2])
+    finally:
+        os.close(fd)
+    buffer = torch.frombuffer(block, dtype=torch.uint8, count=handle[2])
+    buffer.shm = block
+    return buffer
+
+
+def release(buffers: list, owner: bool) -> None:
+    """Drop staging buffers; the owner (rank 0) also frees a CPU buffer's shared memory block."""
+    blocks = [getattr(b, "shm", None) for b in buffers]
+    buffers.clear()
+    for block in blocks:
+        if block is None:
+            continue
+        try:
+            block.close()  # a view still held elsewhere keeps the mapping until it goes
+        except BufferError:
+            pass
+        if owner:
+            block.unlink()
+
+
+def staging_for(plan: GroupPlan, layout: Layout, device) -> tuple[GroupPlan, list]:
+    """Rank 0's two staging buffers when a member takes ipc (none otherwise), recorded in `plan`."""
+    if "ipc" not in plan.transports:
+        return plan, []
+    nbytes = max(offsets(bucket)[1] for bucket in layout)
+    buffers = [staging_buffer(nbytes, device) for _ in range(2)]
+    return GroupPlan(plan.host, plan.port, plan.transports, nbytes, [share(b) for b in buffers]), buffers
 
 
 def dtype_of(name: str):
     import torch
 
     return getattr(torch, name.removeprefix("torch."))
+

@@ -104,7 +104,8 @@ class Learner:
         self.dtype, self.seed = dtype, seed
         self.slots: dict[str | None, _Slot] = {}  # adapter policy (None: the full model) -> its slot
         self.module = None
-        self.weight_group = None  # rank 0: the process group to the engines (CollectiveSync)
+        self.weight_group = None  # rank 0: its end of the weight group to the engines (CollectiveSync)
+        self._pending_group = None  # rank 0: (plan, staging buffers, timeout) between prepare and open
 
     def master_address(self) -> tuple[str, int]:
         """Where rank 0 listens for the rendezvous (call on rank 0 before `setup`)."""
@@ -323,15 +324,33 @@ class Learner:
             buckets.append(save(current))
         return buckets if self.rank == 0 else None
 
-    def open_weight_group(self, host: str, port: int, world_size: int, timeout_s: float) -> None:
-        """Rank 0: host the policy's weight group (rollout/weight_transport.py) with the engine
-        workers, which join it at the same time; a group opened before is closed first."""
-        from rollout.weight_transport import open_group
+    def weight_identity(self) -> str:
+        """Rank 0's device (rollout/weight_transport.py::device_identity): which transport each
+        engine worker takes."""
+        from rollout.weight_transport import device_identity
+
+        return device_identity(self.device)
+
+    def prepare_weight_group(self, plan, layout: Layout, timeout_s: float):
+        """Rank 0, before `open_weight_group`: the staging buffers `plan`'s ipc members read from
+        (none without one); a group opened before is closed first. Returns the plan with those
+        buffers' handles, which the engine workers join with."""
+        from rollout.weight_transport import staging_for
 
         assert self.rank == 0, "only learner rank 0 sends weights to the engines"
-        self.weight_group = None
-        self.weight_group = open_group(host, port, 0, world_size, "nccl" if self.cfg.num_gpus > 0 else "gloo",
-                                       timeout_s)
+        if self.weight_group is not None:
+            self.weight_group.close()
+            self.weight_group = None
+        plan, buffers = staging_for(plan, layout, self.device)
+        self._pending_group = (plan, buffers, timeout_s)
+        return plan
+
+    def open_weight_group(self) -> None:
+        """Rank 0: host the group `prepare_weight_group` planned (the engine workers join meanwhile)."""
+        from rollout.weight_group import WeightGroup
+
+        plan, buffers, timeout_s = self._pending_group
+        self.weight_group = WeightGroup(plan, 0, self.device, timeout_s, buffers)
 
     def weight_layout(self, bucket_bytes: int = 64 << 20) -> Layout:
         """The (name, shape, dtype) of every parameter `broadcast_weights` sends, in buckets of
@@ -346,21 +365,26 @@ class Learner:
                 bucket, size = [], 0
         return layout + ([bucket] if bucket else [])
 
-    def broadcast_weights(self, layout: Layout) -> float:
-        """Send the parameters in `layout` order over the weight group, straight from the
-        module (gathered bucket by bucket under ZeRO-3, where every rank takes part); returns
-        rank 0's seconds."""
+    def broadcast_weights(self, version: int, layout: Layout) -> float:
+        """Send the parameters in `layout` order over the weight group as `version`, straight from
+        the module (gathered bucket by bucket under ZeRO-3, where every rank takes part); returns
+        rank 0's seconds, the transfer finished on the device."""
         import deepspeed
-
-        from rollout.weight_transport import broadcast, wait
 
         t0 = time.perf_counter()
         params = dict(self.module.named_parameters())
-        for bucket in layout:
-            ps = [params[name] for name, _, _ in bucket]
-            with deepspeed.zero.GatheredParameters(ps, modifier_rank=None, enabled=self.cfg.zero_stage == 3):
-                if self.rank == 0:
-                    wait(broadcast(self.weight_group, [p.detach() for p in ps]))
+
+        def buckets():
+            for bucket in layout:
+                ps = [params[name] for name, _, _ in bucket]
+                with deepspeed.zero.GatheredParameters(ps, modifier_rank=None, enabled=self.cfg.zero_stage == 3):
+                    yield [p.detach() for p in ps]
+
+        if self.rank == 0:
+            self.weight_group.send(version, layout, buckets())
+        else:
+            for _ in buckets():  # the gathers of ZeRO-3 need every rank
+                pass
         return time.perf_counter() - t0
 
     def save(self, path: str, adapter: str | None = None) -> None:

@@ -116,17 +116,26 @@ class LearnerGroup:
         """Where rank 0 will host the weight group (trainer/weight_sync.py::CollectiveSync)."""
         return self.collect("weight_address", [self.ranks[0].master_address.remote()])[0]
 
-    def open_weight_group(self, host: str, port: int, world_size: int, timeout_s: float) -> ray.ObjectRef:
+    def weight_identity(self) -> str:
+        """Rank 0's device identity (rollout/weight_transport.py::device_identity)."""
+        return self.collect("weight_identity", [self.ranks[0].weight_identity.remote()])[0]
+
+    def prepare_weight_group(self, plan, layout: Layout, timeout_s: float):
+        """Rank 0's staging buffers for `plan`'s ipc members; returns the plan with their handles."""
+        return self.collect("prepare_weight_group", [self.ranks[0].prepare_weight_group.remote(plan, layout,
+                                                                                               timeout_s)])[0]
+
+    def open_weight_group(self) -> ray.ObjectRef:
         """Rank 0's side of opening the weight group; returns its ref (the engines join meanwhile)."""
-        return self.ranks[0].open_weight_group.remote(host, port, world_size, timeout_s)
+        return self.ranks[0].open_weight_group.remote()
 
     def weight_layout(self, bucket_bytes: int = 64 << 20) -> Layout:
         return self.collect("weight_layout", [self.ranks[0].weight_layout.remote(bucket_bytes)])[0]
 
-    def broadcast_weights(self, layout: Layout) -> list[ray.ObjectRef]:
-        """Every rank's broadcast call (rank 0 sends; the others take part in ZeRO-3's gathers),
-        not waited for: the engines receive at the same time."""
-        return [r.broadcast_weights.remote(layout) for r in self.ranks]
+    def broadcast_weights(self, version: int, layout: Layout) -> list[ray.ObjectRef]:
+        """Every rank's send call of `version` (rank 0 sends; the others take part in ZeRO-3's
+        gathers), not waited for: the engines receive at the same time."""
+        return [r.broadcast_weights.remote(version, layout) for r in self.ranks]
 
     def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None,
                  temperature: float | None = None) -> list[float]:

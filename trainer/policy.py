@@ -77,8 +77,7 @@ class TrainedPolicy:
                     store=fleet.stores[self.name])
         if method == SyncMethod.collective:
             try:
-                return CollectiveSync(self.learners, fleet.engines[self.name], "nccl" if engine.num_gpus > 0 else "gloo",
-                                      tensor_parallel_size=engine.tensor_parallel_size, **args)
+                return CollectiveSync(self.learners, fleet.engines[self.name], self.cfg.sync.transport, **args)
             except (ray.exceptions.RayError, RuntimeError, TimeoutError) as e:
                 if self.cfg.sync.method == SyncMethod.collective:
                     raise RuntimeError(f"sync.method=collective: the weight group of policy {self.name!r} did not "

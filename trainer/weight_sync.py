@@ -1,10 +1,11 @@
 """Weights from the learners back into the running engines (`sync.method`).
 
 `CollectiveSync` (the default for full-weight policies): learner rank 0 and
-every engine worker of the policy form one process group (gloo on CPU, NCCL on
-GPU; rollout/weight_transport.py) and rank 0 broadcasts the parameters straight
-from its module into the engines, which load them in place with vLLM's
-layerwise reload. No serialisation, no object store on the way.
+every engine worker of the policy form one weight group, and rank 0 sends the
+parameters straight from its module into the engines, which load them in place
+with vLLM's layerwise reload. Each worker's transport comes from its device and
+rank 0's (rollout/weight_transport.py): CUDA IPC on the same GPU, NCCL on
+another GPU, gloo on CPU. No serialisation, no object store on the way.
 
 `ObjectStoreSync` works everywhere and carries LoRA adapters: learner rank 0
 gathers the weights (under ZeRO-3 every rank takes part), serialises them into
@@ -25,7 +26,7 @@ from typing import Protocol
 
 import ray
 
-from rollout.weight_transport import OPEN_TIMEOUT_S, Layout, dtype_of
+from rollout.weight_transport import OPEN_TIMEOUT_S, GroupPlan, Layout, choose_transport, dtype_of
 from trainer.learner_group import LearnerGroup
 
 
@@ -35,9 +36,19 @@ class SyncMethod(StrEnum):
     object_store = "object_store"  # safetensors buckets through Ray's object store
 
 
+class Transport(StrEnum):  # rollout/weight_transport.py::choose_transport
+    auto = "auto"
+    ipc = "ipc"
+    nccl = "nccl"
+    gloo = "gloo"
+
+
 @dataclass
 class SyncConfig:
     method: SyncMethod = SyncMethod.auto  # how weights travel from the learners to the engines
+    # collective's transport per engine worker: auto (ipc on learner rank 0's GPU, nccl on another GPU,
+    # gloo on CPU), or one of ipc / nccl / gloo (an error at start where it cannot work)
+    transport: Transport = Transport.auto
     bucket_mb: int = 64  # weights per broadcast bucket / per safetensors blob, MiB
 
 
@@ -90,21 +101,28 @@ class ObjectStoreSync:
 
 
 class CollectiveSync:
-    """Broadcast from learner rank 0 straight into the engines' parameters over one process group
-    per policy. The group is opened at start and again whenever an engine restarted (a new
-    process is not in it); a push it cannot carry goes through the object store instead."""
+    """Send from learner rank 0 straight into the engines' parameters over one weight group per
+    policy (rollout/weight_transport.py): each engine worker's transport (ipc on rank 0's GPU,
+    nccl on another GPU, gloo on CPU) is chosen when the group opens, and logged. The group opens
+    at start and again whenever an engine restarted (a new process is not in it); a push it cannot
+    carry goes through the object store, and the group rests for 2, 4, ... (at most MAX_REST)
+    pushes after failures in a row, unless an engine restarts meanwhile."""
 
-    def __init__(self, learners: LearnerGroup, engines: list, backend: str, bucket_bytes: int = 64 << 20,
-                 timeout_s: float = 600.0, store=None, tensor_parallel_size: int = 1):
-        """`backend`: gloo (CPU engines) or nccl (GPU engines); `store`: the policy's WeightStore,
+    MAX_REST = 64
+
+    def __init__(self, learners: LearnerGroup, engines: list, transport: str = "auto", bucket_bytes: int = 64 << 20,
+                 timeout_s: float = 600.0, store=None):
+        """`transport`: `sync.transport` (auto: from the devices); `store`: the policy's WeightStore,
         given a snapshot of every pushed version in the object store (what a restarted engine loads)."""
-        self.learners, self.engines, self.backend = learners, list(engines), backend
-        self.store, self.timeout_s, self.tp = store, timeout_s, tensor_parallel_size
-        self.bucket_bytes = bucket_bytes
+        self.learners, self.engines, self.transport = learners, list(engines), transport
+        self.store, self.timeout_s, self.bucket_bytes = store, timeout_s, bucket_bytes
         self.fallback = ObjectStoreSync(learners, engines, bucket_bytes, timeout_s, store)
         self.layout: Layout = learners.weight_layout(bucket_bytes)
         self.bytes = float(sum(_nbytes(shape, dtype) for bucket in self.layout for _, shape, dtype in bucket))
         self.members: list[int] | None = None  # the engines' pids when the group was opened
+        self.transports: list[list[str]] = []  # each engine's workers' transports, as last opened
+        self.failures = 0  # pushes in a row the group could not carry
+        self.rest, self.rest_members = 0, None  # pushes left to send around the group, and by whom
         self.snapshot: ray.ObjectRef | None = None  # the newest pushed version in the object store
         self._open()
 
@@ -112,40 +130,59 @@ class CollectiveSync:
         return [i["pid"] for i in ray.get([e.info.remote() for e in self.engines], timeout=self.timeout_s)]
 
     def _open(self) -> None:
-        """Open the group: learner rank 0 (hosting its store) and each engine worker join at once."""
+        """Open the group: choose each engine worker's transport from its device and rank 0's, then
+        learner rank 0 (hosting its store) and every engine worker join at once."""
+        sender = self.learners.weight_identity()
+        workers = ray.get([e.weight_identities.remote() for e in self.engines], timeout=self.timeout_s)
+        transports = [choose_transport(sender, w, self.transport) for ws in workers for w in ws]
         host, port = self.learners.weight_address()
-        world = 1 + len(self.engines) * self.tp
-        joins = [self.learners.open_weight_group(host, port, world, self.timeout_s)]
-        joins += [e.open_weight_group.remote(host, port, 1 + i * self.tp, world, self.backend, self.timeout_s)
-                  for i, e in enumerate(self.engines)]
+        plan = self.learners.prepare_weight_group(GroupPlan(host, port, transports), self.layout, self.timeout_s)
+        firsts = [1 + sum(map(len, workers[:i])) for i in range(len(workers))]
+        joins = [self.learners.open_weight_group()]
+        joins += [e.open_weight_group.remote(plan, first, self.timeout_s) for e, first in zip(self.engines, firsts)]
         limit = OPEN_TIMEOUT_S + 30  # the members' own deadline, and their start-up
         if len(ray.wait(joins, num_returns=len(joins), timeout=limit)[0]) < len(joins):
-            raise TimeoutError(f"the weight group of policy {self.learners.name!r} ({world} members at "
-                               f"{host}:{port}) did not form within {limit} s")
-        ray.get(joins)
+            raise TimeoutError(f"the weight group of policy {self.learners.name!r} ({len(transports) + 1} members "
+                               f"at {host}:{port}) did not form within {limit} s")
+        opened = ray.get(joins)[1:]
         self.members = self._pids()
+        if opened != self.transports:
+            for i, (ts, ws) in enumerate(zip(opened, workers)):
+                print(f"[sync] policy {self.learners.name!r}: engine {i} takes weights over {'+'.join(ts)} "
+                      f"(learner rank 0 on {sender}; its workers on {', '.join(ws)})", flush=True)
+        self.transports = opened
+
+    def _resting(self) -> bool:
+        """Whether this push goes around a group that failed (see the class); an engine restart
+        ends the rest at once."""
+        if self.rest == 0:
+            return False
+        try:
+            restarted = self._pids() != self.rest_members
+        except (ray.exceptions.RayError, TimeoutError):
+            restarted = False
+        self.rest = 0 if restarted else self.rest - 1
+        return not restarted
 
     def push(self, version: int) -> dict[str, float]:
         """Send the learners' current weights to every engine as `version`; returns timings."""
+        if self._resting():
+            return {**self.fallback.push(version), "fallbacks": 1.0}
         t0 = time.perf_counter()
         try:
             if self.members is None or self._pids() != self.members:
                 self._open()  # an engine restarted since: its new process joins
             t_open = time.perf_counter() - t0
-            sends = self.learners.broadcast_weights(self.layout)
+            sends = self.learners.broadcast_weights(version, self.layout)
             loads = [e.receive_weights.remote(version, self.layout) for e in self.engines]
             late = ray.wait(sends + loads, num_returns=len(sends) + len(loads), timeout=self.timeout_s)[1]
             if late:
-                raise TimeoutError(f"weight broadcast of version {version} of policy {self.learners.name!r} "
+                raise TimeoutError(f"weight push of version {version} of policy {self.learners.name!r} "
                                    f"not done within engine.sync_timeout_s={self.timeout_s}")
             results, sent = ray.get(loads), ray.get(sends)
         except (ray.exceptions.RayError, RuntimeError, TimeoutError) as e:
-            # An engine died or restarted mid-push: every engine takes this version through the
-            # object store (a restarted one from its WeightStore), and the group is opened anew next time.
-            self.members = None
-            print(f"[sync] the weight group of policy {self.learners.name!r} could not carry version {version} "
-                  f"({type(e).__name__}: {str(e)[:200]}); sending it through the object store", flush=True)
-            return {**self.fallback.push(version), "fallbacks": 1.0}
+            return self._around_the_group(version, e)
+        self.failures = 0
         seconds = time.perf_counter() - t0
         if self.store is not None:  # what an engine that restarts from now on loads (rank 0 exports it next)
             self.snapshot = self.learners.export_weights(self.bucket_bytes)
@@ -154,6 +191,21 @@ class CollectiveSync:
                 "load_seconds": max(r["seconds"] for r in results),
                 "receive_seconds": max(r["receive_seconds"] for r in results), "bytes": self.bytes,
                 "bytes_per_s": self.bytes / seconds, "engines": float(len(self.engines)), "fallbacks": 0.0}
+
+    def _around_the_group(self, version: int, error: Exception) -> dict[str, float]:
+        """A push the group could not carry (an engine died or restarted mid-push, a transport
+        failed): every engine takes this version through the object store (a restarted one from
+        its WeightStore), and the group rests before it is opened anew."""
+        self.members, self.failures = None, self.failures + 1
+        self.rest = min(2 ** self.failures, self.MAX_REST) - 1
+        try:
+            self.rest_members = self._pids()
+        except (ray.exceptions.RayError, TimeoutError):
+            self.rest_members, self.rest = None, 0  # an engine is down: its restart reopens the group
+        print(f"[sync] the weight group of policy {self.learners.name!r} could not carry version {version} "
+              f"({type(error).__name__}: {str(error)[:200]}); sending it through the object store, and the next "
+              f"{self.rest} pushes too unless an engine restarts", flush=True)
+        return {**self.fallback.push(version), "fallbacks": 1.0}
 
 
 def _nbytes(shape: list[int], dtype: str) -> int:

@@ -56,10 +56,13 @@ def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny
             [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})]))
 
 
-@pytest.mark.parametrize("model,zero", [("tiny", 0), ("tiny_tied", 3)])
-def test_collective_sync_engine_matches_learner(model, zero, engine, engine_cfg, hf_tiny, tiny_tokenizer, fixed_batch):
-    """CollectiveSync (gloo group learner rank 0 -> engine worker, broadcast into the parameters):
-    after each push the engine scores as the learner (invariant 4), tied embeddings and ZeRO-3
+@pytest.mark.parametrize("model,zero,transport", [("tiny", 0, "ipc"), ("tiny_tied", 3, "gloo")])
+def test_collective_sync_engine_matches_learner(model, zero, transport, engine, engine_cfg, hf_tiny, tiny_tokenizer,
+                                                fixed_batch):
+    """CollectiveSync (learner rank 0 -> engine worker, straight into the parameters) over a gloo
+    group, and over the ipc protocol a GPU shares with its engines (here through POSIX shared
+    memory: the same staging buffers, announcements and acks; only the handle differs): after
+    each push the engine scores as the learner (invariant 4), tied embeddings and ZeRO-3
     included, and serves the pushed version; the group carries several pushes."""
     prompt = chat_prompt(tiny_tokenizer)
     path = resolve_model(model)
@@ -69,8 +72,9 @@ def test_collective_sync_engine_matches_learner(model, zero, engine, engine_cfg,
     try:
         [c] = ray.get(eng.generate.remote(prompt, SamplingConfig(max_tokens=16)), timeout=120)
         ids = prompt + c.completion_ids
-        sync = CollectiveSync(learners, [eng], "gloo", bucket_bytes=300_000)
-        assert len(sync.layout) > 1, "several buckets"
+        sync = CollectiveSync(learners, [eng], transport, bucket_bytes=300_000)
+        assert len(sync.layout) > 2, "several buckets: both staging buffers are reused"
+        assert sync.transports == [[transport]]
         version = ray.get(eng.info.remote(), timeout=60)["version"]
         for _ in range(2):
             before = torch.tensor(ray.get(eng.score.remote(prompt, c.completion_ids), timeout=120))
@@ -95,3 +99,36 @@ def test_collective_sync_engine_matches_learner(model, zero, engine, engine_cfg,
         else:
             ray.get(eng.shutdown.remote())
             ray.kill(eng)
+
+
+def test_a_group_that_cannot_carry_pushes_rests_instead_of_reopening_every_push(engine, tiny_path, hf_tiny,
+                                                                             monkeypatch):
+    """A transport that fails every push (as NCCL does with two ranks on one GPU) costs one group
+    open per 1, 2, 4, ... pushes, not one per push; every version still reaches the engine (through
+    the object store) and is counted as a fallback."""
+    learners = LearnerGroup(tiny_path, LearnerConfig(world_size=1, num_cpus=0.5), LossConfig())
+    try:
+        sync = CollectiveSync(learners, [engine], "gloo", bucket_bytes=300_000)
+        opens = []
+        real_open = sync._open
+        monkeypatch.setattr(sync, "_open", lambda: (opens.append(1), real_open()))
+
+        def broken(version, layout):
+            raise RuntimeError("ncclInvalidUsage: Duplicate GPU detected")
+
+        monkeypatch.setattr(learners, "broadcast_weights", broken)
+        sync.members = None  # the first push opens the group, as after a restart
+        version = ray.get(engine.info.remote(), timeout=60)["version"]
+        fallbacks = []
+        for k in range(1, 8):
+            fallbacks.append(sync.push(version + k)["fallbacks"])
+            assert ray.get(engine.info.remote(), timeout=60)["version"] == version + k
+        assert fallbacks == [1.0] * 7
+        assert len(opens) == 3, "tried at pushes 1, 3 and 7 (rests of 1 and 3 pushes between)"
+    finally:
+        learners.shutdown()
+        from safetensors.torch import save
+
+        ray.get(engine.update_weights.remote(
+            ray.get(engine.info.remote())["version"] + 1,
+            [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})]))

@@ -1,0 +1,162 @@
+"""One member's end of a policy's weight group (rollout/weight_transport.py says who takes what).
+
+Member 0, learner rank 0, hosts the TCPStore and `send`s; every engine worker `receive`s. The
+process group (nccl or gloo members) carries one broadcast per tensor; the ipc members read each
+bucket from one of rank 0's two staging buffers, announced and acknowledged through the store, so
+rank 0 fills one buffer while the members clone the other. Every wait ends at the group's
+`timeout_s` with an error that names what did not arrive. Needs torch only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from typing import Iterable, Iterator
+
+from rollout.weight_transport import (OPEN_TIMEOUT_S, GroupPlan, Layout, attach, dtype_of, offsets,
+                                      release)
+
+
+class WeightGroup:
+    def __init__(self, plan: GroupPlan, member: int, device, timeout_s: float, buffers: list | None = None):
+        """Join `plan`'s group as `member` (0: rank 0, with its staging `buffers` from
+        `staging_for`); all members join at once, and one missing after OPEN_TIMEOUT_S fails the
+        join. Every later wait fails after `timeout_s` rather than hang."""
+        import torch
+        import torch.distributed as dist
+
+        self.plan, self.member, self.device = plan, member, torch.device(device)
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.transport = "send" if member == 0 else plan.transports[member - 1]
+        self.ipc_members = [m + 1 for m, t in enumerate(plan.transports) if t == "ipc"]
+        store = dist.TCPStore(plan.host, plan.port, 1 + len(plan.transports), is_master=member == 0,
+                              timeout=datetime.timedelta(seconds=OPEN_TIMEOUT_S), wait_for_workers=True,
+                              use_libuv=True)
+        self.store, self.signals = store, dist.PrefixStore("tracerl-ipc", store)
+        self.group = None
+        rank = plan.pg_rank(member)
+        if rank is not None and plan.pg_world > 1:
+            self.group = _process_group(dist.PrefixStore("tracerl-weights", store), rank, plan.pg_world,
+                                        plan.backend, self.timeout)
+        store.set_timeout(self.timeout)
+        if member == 0:
+            self.buffers = list(buffers or [])
+        else:
+            self.buffers = [attach(h, self.device) for h in plan.buffers] if self.transport == "ipc" else []
+
+    def close(self) -> None:
+        release(self.buffers, owner=self.member == 0)
+        self.group = None
+
+    # ------------------------------------------------------------------ rank 0
+    def send(self, version: int, layout: Layout, buckets: Iterable[list]) -> None:
+        """Push `buckets` (each `layout` bucket's tensors, in order) as `version` to every member."""
+        n = 0
+        for k, (bucket, tensors) in enumerate(zip(layout, buckets)):
+            if self.ipc_members:
+                if k >= 2:  # its buffer is free once every ipc member has its clone of bucket k-2
+                    self._await_acks(version, k - 2)
+                self._stage(self.buffers[k % 2], bucket, tensors)
+                self.signals.set(f"{version}/{k}", "")
+            if self.group is not None:
+                _wait(_broadcast(self.group, tensors))
+            n = k + 1
+        for k in range(max(0, n - 2), n):
+            self._await_acks(version, k)
+        for k in range(n):
+            self._forget(version, k)
+        _synchronize(self.device)
+
+    def _stage(self, buffer, bucket, tensors: list) -> None:
+        starts, _ = offsets(bucket)
+        for start, t in zip(starts, tensors):
+            view = buffer[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            view.copy_(t, non_blocking=True)
+        _synchronize(self.device)  # the bytes are in the buffer before the members are told
+
+    def _await_acks(self, version: int, k: int) -> None:
+        if not self.ipc_members:
+            return
+        keys = [f"{version}/{k}/ack/{m}" for m in self.ipc_members]
+        try:
+            self.signals.wait(keys, self.timeout)
+        except RuntimeError as e:
+            raise TimeoutError(f"weight push of version {version}: ipc members {self.ipc_members} did not take "
+                               f"bucket {k} within {self.timeout.total_seconds():.0f} s ({e})") from None
+
+    def _forget(self, version: int, k: int) -> None:
+        if self.ipc_members:
+            for key in [f"{version}/{k}"] + [f"{version}/{k}/ack/{m}" for m in self.ipc_members]:
+                self.signals.delete_key(key)
+
+    # ----------------------------------------------------------------- members
+    def receive(self, version: int, layout: Layout) -> Iterator[tuple[str, object]]:
+        """The pushed tensors of `version`, (name, tensor) in `layout` order, one bucket held at a
+        time (the next arrives while the caller loads this one)."""
+        yield from (self._receive_ipc if self.transport == "ipc" else self._receive_broadcast)(version, layout)
+        _synchronize(self.device)
+
+    def _receive_ipc(self, version: int, layout: Layout):
+        for k, bucket in enumerate(layout):
+            try:
+                self.signals.wait([f"{version}/{k}"], self.timeout)
+            except RuntimeError as e:
+                raise TimeoutError(f"weight push of version {version}: bucket {k} did not arrive within "
+                                   f"{self.timeout.total_seconds():.0f} s ({e})") from None
+            starts, size = offsets(bucket)
+            staged = self.buffers[k % 2][:size].clone()
+            _synchronize(self.device)
+            self.signals.set(f"{version}/{k}/ack/{self.member}", "")
+            for start, (name, shape, dtype) in zip(starts, bucket):
+                t = dtype_of(dtype)
+                n = math.prod(shape) * t.itemsize
+                yield name, staged[start:start + n].view(t).view(shape)
+
+    def _receive_broadcast(self, version: int, layout: Layout):
+        import torch
+
+        def start(bucket):
+            received = [torch.empty(shape, dtype=dtype_of(dtype), device=self.device) for _, shape, dtype in bucket]
+            return received, _broadcast(self.group, received)
+
+        pending = start(layout[0]) if layout else None
+        for k, bucket in enumerate(layout):
+            received, works = pending
+            _wait(works)
+            pending = start(layout[k + 1]) if k + 1 < len(layout) else None
+            yield from zip((name for name, _, _ in bucket), received)
+
+
+def _process_group(store, rank: int, world: int, backend: str, timeout: datetime.timedelta):
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world, options)
+    return dist.ProcessGroupGloo(store, rank, world, timeout)
+
+
+def _broadcast(group, tensors: list) -> list:
+    """Start broadcasting `tensors` from rank 0 into the same-shaped tensors of every other rank."""
+    import torch.distributed as dist
+
+    works = []
+    for t in tensors:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        works.append(group.broadcast([t], opts))
+    return works
+
+
+def _wait(works: list) -> None:
+    for w in works:
+        w.wait()
+
+
+def _synchronize(device) -> None:
+    """A GPU's queued copies are done (what the timings and the acks mean); nothing on CPU."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 from typing import Iterable, Iterator
 
 from rollout.weight_transport import (OPEN_TIMEOUT_S, GroupPlan, Layout, attach, dtype_of, offsets,
@@ -133,7 +134,18 @@ def _process_group(store, rank: int, world: int, backend: str, timeout: datetime
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world, options)
+        # A member that dies mid-push must fail the push, not the learner: by default NCCL's watchdog
+        # tears the whole process down on a timeout (mode 3); mode 2 only aborts this communicator.
+        # The group reads the variable when it is built, so DeepSpeed's own group keeps its default.
+        saved = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+        try:
+            return dist.ProcessGroupNCCL(store, rank, world, options)
+        finally:
+            if saved is None:
+                os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+            else:
+                os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = saved
     return dist.ProcessGroupGloo(store, rank, world, timeout)
 
 

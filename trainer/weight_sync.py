@@ -105,8 +105,8 @@ class CollectiveSync:
     policy (rollout/weight_transport.py): each engine worker's transport (ipc on rank 0's GPU,
     nccl on another GPU, gloo on CPU) is chosen when the group opens, and logged. The group opens
     at start and again whenever an engine restarted (a new process is not in it); a push it cannot
-    carry goes through the object store, and the group rests for 2, 4, ... (at most MAX_REST)
-    pushes after failures in a row, unless an engine restarts meanwhile."""
+    carry goes through the object store, and after the n-th failure in a row the group rests for
+    2**n - 1 pushes (at most MAX_REST - 1: 1, 3, 7, ...), unless an engine restarts meanwhile."""
 
     MAX_REST = 64
 

@@ -29,12 +29,17 @@ ensure_chromium() {
         policy=$(apt-cache policy chromium 2>/dev/null || true)
         if [[ "$policy" != *"Candidate: "[0-9]* ]]; then
             timeout 90 apt-get update -qq -o Acquire::Retries=0 -o Acquire::http::Timeout=10 >/dev/null 2>&1 || true
+            policy=$(apt-cache policy chromium 2>/dev/null || true)
         fi
-        echo "[setup] installing chromium: apt-get install -y --no-install-recommends chromium"
-        local out
-        out=$(DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends chromium 2>&1) \
-            && return 0
-        why="apt-get install chromium failed: ${out: -300}"
+        if [[ "$policy" != *"Candidate: "[0-9]* ]]; then
+            why="apt has no chromium package (no mirror reached?)"
+        else
+            echo "[setup] installing chromium: apt-get install -y --no-install-recommends chromium"
+            local out
+            out=$(DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
+                  chromium 2>&1) && return 0
+            why="apt-get install chromium failed: ${out: -300}"
+        fi
     fi
     echo "[setup] note: no /usr/bin/chromium ($why); only the trace viewer test needs it" \
          "(Debian's chromium package)" >&2

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export TRACERL_CACHE ?= $(HOME)/.cache/tracerl
 export WANDB_MODE ?= offline
 
-.PHONY: setup test test-fast train smoke bench clean
+.PHONY: setup test test-fast train smoke bench gpu-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -31,6 +31,10 @@ bench: setup
 	$(PY) scripts/bench/learner.py
 	$(PY) scripts/bench/bf16.py
 	$(PY) scripts/bench/e2e.py
+
+# The GPU readiness check (scripts/gpu_check.sh): no setup first, its transport stage needs only torch.
+gpu-check:
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -3,37 +3,75 @@
 #
 #   bash scripts/setup.sh          # picks the CPU or GPU vLLM build
 #   TRACERL_DEVICE=cpu bash scripts/setup.sh
+#   PYTHON=python3.12 bash scripts/setup.sh   # else python3.11 if present, else python3.12
 #
+# GPU: vllm 0.32.0 with PyPI's torch 2.13.0, a CUDA 13 build: the NVIDIA driver must be >= 580.
 # Re-runs are a no-op unless pyproject.toml or this script changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Headless Chromium renders the trace viewer's page in its test
 # (tests/scripts/test_view_traces.py). Checked on every run, stamp or not: one
-# stat when it is there; installed from Debian's apt when missing and root.
+# stat when it is there; installed from Debian's apt when missing and root on
+# Debian (Ubuntu's chromium is a snap stub, no use in a container). Never fails
+# the install, and apt gets short deadlines: a GPU box may have apt and no mirror.
 ensure_chromium() {
     [[ -x /usr/bin/chromium ]] && return 0
+    local why=""
     if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-        echo "[setup] warning: /usr/bin/chromium is missing and this is not a root apt machine;" \
-             "install Debian's chromium package for the trace viewer test" >&2
-        return 0
+        why="this is not a root apt machine"
+    elif ! grep -qs '^ID=debian' /etc/os-release; then
+        why="this is not Debian"
     fi
-    # (not `apt-cache policy | grep -q`: grep's early exit fails the pipe under pipefail)
-    local policy
-    policy=$(apt-cache policy chromium 2>/dev/null || true)
-    if [[ "$policy" != *"Candidate: "[0-9]* ]]; then
-        echo "[setup] apt-get update (the package lists have no chromium)"
-        apt-get update -q || true
+    if [[ -z "$why" ]]; then
+        # (not `apt-cache policy | grep -q`: grep's early exit fails the pipe under pipefail)
+        local policy
+        policy=$(apt-cache policy chromium 2>/dev/null || true)
+        if [[ "$policy" != *"Candidate: "[0-9]* ]]; then
+            timeout 90 apt-get update -qq -o Acquire::Retries=0 -o Acquire::http::Timeout=10 >/dev/null 2>&1 || true
+            policy=$(apt-cache policy chromium 2>/dev/null || true)
+        fi
+        if [[ "$policy" != *"Candidate: "[0-9]* ]]; then
+            why="apt has no chromium package (no mirror reached?)"
+        else
+            echo "[setup] installing chromium: apt-get install -y --no-install-recommends chromium"
+            local out
+            out=$(DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq --no-install-recommends \
+                  chromium 2>&1) && return 0
+            why="apt-get install chromium failed: ${out: -300}"
+        fi
     fi
-    echo "[setup] installing chromium: apt-get install -y --no-install-recommends chromium"
-    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; then
-        echo "[setup] warning: installing chromium failed; the trace viewer test needs /usr/bin/chromium" >&2
-    fi
+    echo "[setup] note: no /usr/bin/chromium ($why); only the trace viewer test needs it" \
+         "(Debian's chromium package)" >&2
 }
 ensure_chromium
 
+# Python 3.11 or 3.12 (pyproject.toml): $PYTHON, else python3.11, else python3.12.
+pick_python() {
+    local py=${PYTHON:-} candidate
+    if [[ -z "$py" ]]; then
+        for candidate in python3.11 python3.12; do
+            # (`-c ''`: a pyenv shim exists for versions that are not active, and fails)
+            if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c '' >/dev/null 2>&1; then
+                py=$candidate
+                break
+            fi
+        done
+    fi
+    if [[ -z "$py" ]]; then
+        echo "[setup] error: tracerl needs Python 3.11 or 3.12 and found neither python3.11 nor python3.12" \
+             "on PATH; install one, or name it with PYTHON=/path/to/python3.x" >&2
+        exit 1
+    fi
+    if ! "$py" -c 'import sys; sys.exit(sys.version_info[:2] not in [(3, 11), (3, 12)])' 2>/dev/null; then
+        echo "[setup] error: PYTHON=$py is not Python 3.11 or 3.12 (pyproject.toml requires-python);" \
+             "set PYTHON to a python3.11 or python3.12" >&2
+        exit 1
+    fi
+    echo "$py"
+}
+
 VENV=${VENV:-.venv}
-PY=${PYTHON:-python3.11}
 STAMP="$VENV/.tracerl-installed"
 
 if [[ -z "${TRACERL_DEVICE:-}" ]]; then
@@ -49,7 +87,11 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
 fi
 
 echo "[setup] installing tracerl ($TRACERL_DEVICE) into $VENV"
-[[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+if [[ ! -x "$VENV/bin/python" ]]; then
+    PY=$(pick_python)
+    echo "[setup] creating $VENV with $PY ($("$PY" -V 2>&1))"
+    "$PY" -m venv "$VENV"
+fi
 pip=("$VENV/bin/python" -m pip install --progress-bar off)
 "${pip[@]}" -q --upgrade pip setuptools wheel
 

@@ -1,0 +1,97 @@
+"""scripts/gpu_check.sh, the GPU readiness check, run here in its CPU form.
+
+The env and transport stages run for real on this machine (the transport in its gloo form, with
+torch and rollout/weight_transport.py only). The script's own machinery — a stage that fails, one
+that overruns its deadline (and a process of it that left its process group), one skipped for
+lack of budget, an unknown stage name — is driven through PYTHON= pointing at a small shell
+script standing in for the interpreter, so those cases are exact and cost seconds.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gpu_check(out: Path, timeout_s: float = 600, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                          timeout=timeout_s, env={**os.environ, "OUT": str(out), "DEVICE": "cpu", **env})
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def stand_in_python(tmp_path: Path, body: str) -> str:
+    """An executable that stands in for the interpreter the stages run."""
+    path = tmp_path / "python"
+    path.write_text("#!/usr/bin/env bash\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_env_and_transport_stages_on_cpu(tmp_path):
+    out = tmp_path / "out"
+    run = gpu_check(out, STAGES="env,transport", PYTHON=sys.executable)
+    s = summary(out)
+    stages = s["stages"]
+    assert stages["env"]["status"] == "ok", stages["env"]
+    env = stages["env"]["details"]
+    assert env["torch"]["version"] == torch.__version__ and env["torch"]["available"] is False
+    assert env["python"].startswith("Python 3.") and env["registry"]
+    assert stages["transport"]["status"] == "ok", (stages["transport"], run.stdout[-2000:], run.stderr[-2000:])
+    transport = stages["transport"]["details"]  # $OUT/transport.json, written by the transport script
+    assert transport == json.loads((out / "transport.json").read_text())
+    assert "gloo" in json.dumps(transport), "on CPU the transport checks run in their gloo form"
+    for name in ("stack", "smoke"):
+        assert stages[name] == {"status": "skipped", "seconds": 0, "reason": "not in STAGES=env,transport",
+                                "details": {}}
+    assert s["verdict"]["ok"] and s["verdict"]["device"] == "cpu" and s["verdict"]["not_ok"] == []
+    assert run.returncode == 0
+
+
+def test_a_failing_stage_is_recorded_with_its_log_and_no_stack_skips_the_stack(tmp_path):
+    """An interpreter that fails everything: the transport stage fails (its log's tail in the
+    summary); the stack stage finds no vllm/ray/deepspeed to import and is skipped, saying why."""
+    out = tmp_path / "out"
+    python = stand_in_python(tmp_path, 'echo "no torch here" >&2; exit 3')
+    run = gpu_check(out, STAGES="transport,stack", PYTHON=python)
+    stages = summary(out)["stages"]
+    assert stages["transport"]["status"] == "failed"
+    assert stages["transport"]["reason"] == "exit status 3 (see transport.log)"
+    assert "no torch here" in stages["transport"]["log_tail"]
+    assert stages["stack"]["status"] == "skipped"
+    assert stages["stack"]["reason"].startswith(f"{python} cannot import vllm, ray, deepspeed")
+    assert {stages[n]["status"] for n in ("env", "smoke")} == {"skipped"}
+    assert summary(out)["verdict"]["not_ok"] == ["transport"] and run.returncode == 1
+
+
+def test_a_stage_past_its_deadline_is_ended_with_what_it_started(tmp_path):
+    """The transport stage never finishes and starts a process in a session of its own (as Ray's
+    daemons may): the stage is ended at its deadline, that process too; the stack stage after it
+    has too little of the budget left and is skipped, saying so."""
+    out, pidfile = tmp_path / "out", tmp_path / "escaped.pid"
+    hang = stand_in_python(tmp_path, f"setsid sleep 600 & echo $! > {pidfile}; sleep 600")
+    run = gpu_check(out, timeout_s=120, STAGES="transport,stack", BUDGET_S="20", PYTHON=hang)
+    stages = summary(out)["stages"]
+    assert stages["transport"]["status"] == "timeout"
+    assert stages["transport"]["reason"].startswith("ended at its deadline of ")
+    escaped = pidfile.read_text().strip()
+    state = Path(f"/proc/{escaped}/status")
+    assert not state.exists() or "\nState:\tZ" in state.read_text(), "the escaped process was ended"
+    assert stages["stack"]["status"] == "skipped"
+    assert stages["stack"]["reason"].startswith("out of time budget")
+    assert run.returncode == 1
+
+
+def test_an_unknown_stage_fails_naming_it_before_anything_runs(tmp_path):
+    out = tmp_path / "out"
+    run = gpu_check(out, STAGES="env,bogus", PYTHON=sys.executable)
+    assert run.returncode == 2
+    assert "unknown stage 'bogus'" in run.stderr and "env transport stack smoke" in run.stderr
+    assert not (out / "summary.json").exists()

@@ -30,6 +30,7 @@ def test_every_experiment_fits_one_gpu_with_the_gpu_preset(experiment):
     validate(cfg)
     asks = cfg.asks()
     assert cfg.model.dtype == "bfloat16" and gpus_needed(asks) == 1
+    assert cfg.ray.num_cpus is None, "the preset, after the experiment, drops its CPU-box count"
     for ask in asks:
         assert 0 < ask.num_gpus < 1 and ask.memory == ask.num_gpus, ask
     assert [a.count for a in asks if a.what.startswith("learner")] == [1]

@@ -19,21 +19,26 @@ import ray
 from rollout.buffer import TraceBuffer
 from rollout.config import EngineConfig, LoraConfig, ModelConfig, RayConfig, RolloutJobConfig
 from rollout.engine import Engine, WeightStore
+from rollout.placement import Ask, actor_options, check_gpu_count, visible_gpus
 from rollout.worker import RolloutWorker
 
 
-def start_ray(cfg: RayConfig, cpus_asked: float = 0.0) -> None:
+def start_ray(cfg: RayConfig, cpus_asked: float = 0.0, asks: list[Ask] = ()) -> None:
     """Start an in-process cluster (`address=local`) or join an existing one. A local cluster has
     `ray.num_cpus` logical CPUs, by default the machine's or, if more, `cpus_asked` (what the
     job's actors ask for together), so that every actor of any `agents` mapping can be placed
-    (Ray's CPUs are placement tokens: more of them than cores only shares the cores)."""
+    (Ray's CPUs are placement tokens: more of them than cores only shares the cores), and
+    `ray.num_gpus` GPUs, by default those torch sees. Then, before any actor is spawned, the
+    cluster must hold the GPUs the job's actors (`asks`) need: ValueError naming the keys."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     kwargs = {"include_dashboard": False, "log_to_driver": True}
     if cfg.address == "local":
-        kwargs["num_cpus"] = local_cpus(cfg, cpus_asked)
+        kwargs.update(num_cpus=local_cpus(cfg, cpus_asked), num_gpus=visible_gpus(cfg.num_gpus))
     ray.init(address=cfg.address, **kwargs)
+    check_gpu_count(list(asks), int(ray.cluster_resources().get("GPU", 0)),
+                    f"the Ray cluster (ray.address={cfg.address})")
 
 
 def local_cpus(cfg: RayConfig, cpus_asked: float) -> int:
@@ -83,13 +88,13 @@ def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed:
     it comes back with their newest weights. `adapters`: pool -> {LoRA policy: its settings}."""
     engines, asks, stores, adapters = {}, {}, stores or {}, adapters or {}
     for pool, (model_path, model, cfg) in pools.items():
-        cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus, resources=dict(cfg.resources) or None)(Engine)
+        cls = ray.remote(**actor_options(cfg))(Engine)
         restarts = cfg.max_restarts if stores.get(pool) else 0
         engines[pool] = [cls.options(max_concurrency=1000, max_restarts=restarts,
                                      name=f"tracerl-engine-{pool}-{i}-{uuid.uuid4().hex[:8]}").remote(
             model_path, cfg, policy=pool, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i,
             stores=stores.get(pool), index=i, adapters=adapters.get(pool)) for i in range(cfg.num_engines)]
-        asks[pool] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources}
+        asks[pool] = actor_options(cfg)
     # Surface a failed start (bad model, too little memory, no room to place it) here.
     everyone = [e for pool in engines.values() for e in pool]
     await_started(everyone, [e.info.remote() for e in everyone], max(c.start_timeout_s for *_, c in pools.values()),

@@ -22,6 +22,7 @@ from omegaconf import MISSING
 
 from harnesses.base import TaskSource, load_harness, load_task_source
 from rollout.models import check_model
+from rollout.placement import Ask, check_engine_gpus, check_gpu_count, check_shared_memory, engine_ask, visible_gpus
 
 MAIN_POLICY, FROZEN_POLICY = "main", "frozen"  # the two policies every config has without a `policies:` section
 
@@ -187,6 +188,7 @@ class TaskConfig:
 class RayConfig:
     address: str = "local"  # "local": an in-process cluster; "auto" or host:port to join one
     num_cpus: int | None = None  # logical CPUs of a local cluster (None: the machine's, or what the actors ask if more)
+    num_gpus: int | None = None  # GPUs of a local cluster (None: those torch sees; CUDA_VISIBLE_DEVICES honoured)
 
 
 @dataclass
@@ -257,9 +259,16 @@ class RolloutJobConfig:
         """The engine settings of a pool (its policies must agree on them: validate_policies)."""
         return self.policy_engine(pool[0])
 
+    def asks(self) -> list[Ask]:
+        """What the job's actors ask Ray for, group by group: every engine pool's engines (the
+        workers and the state holders ask nothing)."""
+        table = self.policy_table()
+        return [engine_ask(name, pool[0], table[pool[0]].engine, self.pool_engine(pool))
+                for name, pool in self.engine_pools().items()]
+
     def cpus_asked(self) -> float:
-        """Ray CPUs the job's actors ask for together: every engine pool's engines (workers ask none)."""
-        return sum(e.num_cpus * e.num_engines for e in map(self.pool_engine, self.engine_pools().values()))
+        """Ray CPUs the job's actors ask for together."""
+        return sum(a.options["num_cpus"] * a.count for a in self.asks())
 
 
 @dataclass
@@ -285,7 +294,26 @@ def _check_task_source(task_json: str, seed: int) -> None:
 
 
 def validate(cfg: RolloutJobConfig) -> None:
-    """Cross-field checks; raise ValueError naming the key(s) and the fix."""
+    """Cross-field checks, then whether the job fits the machine; raise ValueError naming the
+    key(s) and the fix."""
+    check_fields(cfg)
+    check_placement(cfg)
+
+
+def check_placement(cfg: RolloutJobConfig) -> None:
+    """The job's actors fit the GPUs: those sharing one leave it headroom, and on an in-process
+    cluster (`ray.address=local`) they fit its GPUs (a joined cluster's are compared once Ray has
+    joined it: rollout.cluster.start_ray). Runs after every other check: it depends on the machine."""
+    asks = cfg.asks()
+    check_shared_memory(asks)
+    if cfg.ray.address == "local":
+        where = (f"the local cluster (ray.num_gpus={cfg.ray.num_gpus})" if cfg.ray.num_gpus is not None
+                 else "this machine (the GPUs torch sees)")
+        check_gpu_count(asks, visible_gpus(cfg.ray.num_gpus), where)
+
+
+def check_fields(cfg: RolloutJobConfig) -> None:
+    """Every cross-field check of the rollout side that does not depend on the machine."""
     s, r = cfg.sampling, cfg.rollout
     checks = [
         (s.temperature >= 0, "sampling.temperature must be >= 0"),
@@ -345,6 +373,7 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
         if engine.num_engines < 1 or engine.kv_cache_gb <= 0:
             raise ValueError(f"{where}.num_engines must be >= 1 and {where}.kv_cache_gb > 0")
         check_engine_waits(engine, where, cfg.rollout)
+        check_engine_gpus(engine, where)
         if engine.block_size is not None and (engine.block_size <= 0 or engine.block_size % (16 if engine.num_gpus
                                                                                             else 32)):
             raise ValueError(f"{where}.block_size={engine.block_size} must be a multiple of "

@@ -3,7 +3,8 @@
     python scripts/generate.py model=tiny harness=solver_verifier task=chain_sum \
         num_traces=32 out=/tmp/traces.jsonl
 
-Drives the same RolloutFleet as training (rollout/fleet.py). Prints a progress
+Drives the same RolloutFleet as training (rollout/fleet.py), on the cluster preset for this
+machine's GPUs unless `cluster=` is given (as scripts/train.py). Prints a progress
 line as groups complete and a summary (traces/s, generated tokens/s, and the
 `rollout/*` statistics the training loop logs: reward, failures, agents and
 sequences per trace); the last line is JSON.
@@ -12,6 +13,7 @@ sequences per trace); the last line is JSON.
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import hydra
@@ -20,6 +22,7 @@ from omegaconf import DictConfig
 from rollout.cluster import run_job, start_ray
 from rollout.config import GenerateJobConfig, register_configs, validate
 from rollout.fleet import RolloutFleet
+from rollout.placement import with_cluster_for_this_machine
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 
@@ -29,7 +32,7 @@ register_configs()
 def generate(cfg: GenerateJobConfig) -> dict:
     """Run `num_traces` (whole groups) episodes, write them to `cfg.out`; returns the summary."""
     validate(cfg)
-    start_ray(cfg.ray, cfg.cpus_asked())
+    start_ray(cfg.ray, cfg.cpus_asked(), cfg.asks())
     r = cfg.rollout
     num_groups = math.ceil(cfg.num_traces / r.group_size)
     # Every episode ends within rollout.timeout_s (or fails), and they run in waves of
@@ -58,4 +61,5 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv = with_cluster_for_this_machine(sys.argv)  # no cluster= given: the preset for this machine's GPUs
     main()

@@ -5,16 +5,21 @@
     python scripts/train.py model=smollm2_135m harness=solver_verifier trainer.steps=30 \
         trainer.max_staleness=1 agents.verifier=frozen
 
-Writes run_dir/{config.yaml, metrics.jsonl, checkpoints/, eval/, summary.json}; wandb offline by
-default. The last output line is the summary as JSON.
+Without `cluster=` (and `ray.address`) on the command line it runs on the preset for the GPUs torch
+sees (conf/cluster/: local, gpu or gpu_node) and prints which. Writes run_dir/{config.yaml,
+metrics.jsonl, checkpoints/, eval/, summary.json}; wandb offline by default. The last output line
+is the summary as JSON.
 """
 
 from __future__ import annotations
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from rollout.cluster import run_job
+from rollout.placement import with_cluster_for_this_machine
 from trainer.config import register_configs
 from trainer.loop import check, train
 
@@ -27,4 +32,5 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv = with_cluster_for_this_machine(sys.argv)  # no cluster= given: the preset for this machine's GPUs
     main()

@@ -15,7 +15,7 @@ from trainer.config import TrainJobConfig, compose, validate as validate_train
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # Which config groups each entry point's defaults list has (conf/train.yaml, conf/generate.yaml).
 GROUPS = {"train": ["model", "harness", "task", "algorithm", "logger", "cluster", "experiment"],
-          "generate": ["model", "harness", "task"]}
+          "generate": ["model", "harness", "task", "cluster"]}
 SCHEMAS = {"train": (TrainJobConfig, validate_train), "generate": (GenerateJobConfig, validate_generate)}
 
 
@@ -42,10 +42,15 @@ def test_every_option_composes_and_validates(entry, group, option):
         with pytest.raises(ValueError, match="harness.options: set exactly one of agent"):
             validate(cfg)
         return
+    if group == "cluster" and option in ("gpu", "gpu_node"):  # in-process Ray on the machine's GPUs
+        cfg.ray.num_gpus = 0  # a CPU machine's
+        with pytest.raises(ValueError, match=r"has 0: use cluster=local \(CPU\)"):
+            validate(cfg)
+        cfg.ray.num_gpus = 4  # a GPU machine's
     validate(cfg)
     assert set(cfg.harness.roles) <= set(cfg.agents)
-    if group == "cluster" and option != "local":
-        assert cfg.ray.address == "auto", "cluster presets join a running cluster"
+    if group == "cluster" and option not in ("local", "gpu", "gpu_node"):
+        assert cfg.ray.address == "auto", "the other cluster presets join a running cluster"
 
 
 @pytest.mark.parametrize("harness", options("harness"))
@@ -303,6 +308,6 @@ def test_sync_method_auto_is_collective_for_full_weights_and_object_store_for_ad
                             "+policies.critic.lora.rank=8"])
     validate_train(cfg)
     assert (cfg.sync_method("main"), cfg.sync_method("critic")) == ("collective", "object_store")
-    cfg = compose("train", ["sync.method=object_store", "engine.num_gpus=1"])
+    cfg = compose("train", ["sync.method=object_store", "engine.num_gpus=1", "ray.num_gpus=1"])
     validate_train(cfg)  # no group: GPU engines with CPU learners are fine through the object store
     assert cfg.sync_method("main") == "object_store"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from rollout.config import MAIN_POLICY, GenerateJobConfig, RolloutJobConfig, override
+from rollout.config import MAIN_POLICY, GenerateJobConfig, RolloutJobConfig, check_fields, check_placement, override
 from rollout.config import register_configs as register_rollout_configs
-from rollout.config import validate as validate_rollout
+from rollout.placement import Ask, check_learner_gpus, learner_ask
 from trainer.advantages import AdvantageConfig
 from trainer.learner import PER_ADAPTER, LearnerConfig
 from trainer.losses import LossConfig
@@ -80,10 +80,11 @@ class TrainJobConfig(RolloutJobConfig):
     sync: SyncConfig = field(default_factory=SyncConfig)  # learners -> engines weight transport
     run_dir: str = "runs/default"  # resolved config, metrics.jsonl, checkpoints, summary.json
 
-    def cpus_asked(self) -> float:
-        """Ray CPUs the job's actors ask for together: engines, and every learner group's ranks."""
-        return super().cpus_asked() + sum(lr.num_cpus * lr.world_size
-                                          for lr in map(self.group_learner, self.learner_groups().values()))
+    def asks(self) -> list[Ask]:
+        """What the job's actors ask Ray for, group by group: the engines, and every learner group's ranks."""
+        table = self.policy_table()
+        return super().asks() + [learner_ask(name, ps[0], table[ps[0]].learner, self.group_learner(ps))
+                                 for name, ps in self.learner_groups().items()]
 
     def learner_groups(self) -> dict[str, list[str]]:
         """Which trained policies share learner ranks: group name -> its policies. LoRA policies on
@@ -118,8 +119,9 @@ class TrainJobConfig(RolloutJobConfig):
 
 
 def validate(cfg: TrainJobConfig) -> None:
-    """Every cross-field check of the training job; raises ValueError naming the key(s)."""
-    validate_rollout(cfg)
+    """Every cross-field check of the training job, then whether it fits the machine; raises
+    ValueError naming the key(s)."""
+    check_fields(cfg)
     t, a = cfg.trainer, cfg.algorithm
     checks = [
         (t.steps >= 1, "trainer.steps must be >= 1"),
@@ -175,6 +177,10 @@ def validate(cfg: TrainJobConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise ValueError(msg)
+    for policy in cfg.trainable_policies():
+        check_learner_gpus(cfg.policy_learner(policy), f"policies.{policy}.learner" if table[policy].learner
+                           else "learner")
+    check_placement(cfg)
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

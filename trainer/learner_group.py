@@ -14,6 +14,7 @@ from __future__ import annotations
 import ray
 
 from rollout.cluster import await_started
+from rollout.placement import actor_options
 from rollout.weight_transport import Layout
 from trainer.learner import Learner, LearnerConfig
 from trainer.losses import LossConfig
@@ -37,11 +38,10 @@ class LearnerGroup:
         if lora is not None:
             adapters = {name: (lora, cfg)}
         self.cfg, self.pad_id, self.name, self.adapters = cfg, pad_id, name, dict(adapters or {})
-        cls = ray.remote(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus,
-                         resources=dict(cfg.resources) or None)(Learner)
+        resources = actor_options(cfg)  # the same options the config checks and the placement tests read
+        cls = ray.remote(**resources)(Learner)
         self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed, self.adapters) for r in range(cfg.world_size)]
         # every rank must enter DeepSpeed's rendezvous at the same time
-        resources = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, **cfg.resources}
         [(addr, port)] = await_started(self.ranks, [self.ranks[0].master_address.remote()], setup_timeout_s,
                                        f"learner rank 0 of {cfg.world_size}", resources)
         infos = await_started(self.ranks, [r.setup.remote(addr, port) for r in self.ranks], setup_timeout_s,

@@ -49,7 +49,7 @@ def train(cfg: TrainJobConfig) -> dict:
     t, t_start = cfg.trainer, time.time()
     run_dir, resume_from = start_run_dir(cfg)
     seed_everything(cfg.seed)
-    start_ray(cfg.ray, cfg.cpus_asked())
+    start_ray(cfg.ray, cfg.cpus_asked(), cfg.asks())
 
     with ExitStack() as actors:
         # ---- actors: the rollout fleet, each trained policy's learners -------------------

@@ -241,6 +241,8 @@ def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
      r"sync.method=collective carries full weights, and policies.main.lora makes 'main' an adapter; use sync.method=auto"),
     (["engine.num_gpus=1"], r"sync.method=auto: learner.num_gpus and the engines' num_gpus of policy 'main' must both"),
     (["sync.method=rdma"], r"sync.method"),
+    (["sync.transport=nccl"], r"sync.transport=nccl needs GPUs on both sides: learner.num_gpus and the engines'"),
+    (["sync.transport=rdma"], r"sync.transport"),
     (["engine.block_size=16"], r"engine.block_size=16 must be a multiple of 32 \(vLLM's CPU attention\)"),
     (["agents.verifier=critic", "+policies.critic.engine.cpu_cores=half"],
      r"policies.critic.engine.cpu_cores='half': auto, all, i/n \(the i-th of n shares"),

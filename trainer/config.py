@@ -167,7 +167,10 @@ def validate(cfg: TrainJobConfig) -> None:
                      f"adapter; use sync.method=auto (adapters go through the object store)"),
                    (cfg.sync_method(policy) != SyncMethod.collective or on_gpu[0] == on_gpu[1],
                     f"sync.method={cfg.sync.method}: {where}.num_gpus and the engines' num_gpus of policy {policy!r} "
-                    f"must both be 0 (gloo) or both > 0 (NCCL); or set sync.method=object_store"),
+                    f"must both be 0 (gloo) or both > 0 (IPC or NCCL); or set sync.method=object_store"),
+                   (cfg.sync.transport != "nccl" or all(on_gpu),
+                    f"sync.transport=nccl needs GPUs on both sides: {where}.num_gpus and the engines' num_gpus of "
+                    f"policy {policy!r} > 0 (cluster=gpu_node); or sync.transport=auto"),
                    (cfg.sync.bucket_mb >= 1, "sync.bucket_mb must be >= 1"),
                    (lr.lr > 0, f"{where}.lr must be > 0"),
                    (0 <= lr.zero_stage <= 3, f"{where}.zero_stage must be 0, 1, 2 or 3"),

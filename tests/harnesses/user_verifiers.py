@@ -10,6 +10,13 @@ def digits_match(completion, answer, metadata):
     return float(bool(answer) and digits.endswith(answer))
 
 
+def digit_fraction(completion, answer, metadata):
+    """The share of the completion's non-space characters that are digits (a dense reward the
+    tiny random model can get), scaled by metadata["terms"] / 3 so that metadata reaches here."""
+    chars = [c for c in completion if not c.isspace()]
+    return (sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0) * metadata["terms"] / 3
+
+
 def where_am_i(completion, answer, metadata):
     """1 if it runs in another process than metadata["parent"]."""
     return float(os.getpid() != metadata["parent"])

@@ -110,7 +110,7 @@ def test_template_metadata_and_instruction_make_the_prompt(tmp_path):
 def test_the_preset_states_the_dataclass_defaults():
     preset = yaml.safe_load((ROOT / "conf/task/file.yaml").read_text())["params"]
     defaults = FileTaskParams(path="x")
-    assert preset.pop("path") == "???"
+    assert preset.pop("path") == "examples/arith.jsonl"
     assert {k: getattr(defaults, k) for k in preset} == preset
 
 

@@ -83,15 +83,8 @@ class FileTasks(TaskSource):
         super().__init__(name, params, instruction, size, eval_size, eval_seed, seed)
         self._check_template()
         items = self._load(self.options.path, "path")
-        if self.options.eval_path is None:
-            self._enough(items, self.options.path, eval_size + 1, f"task.eval_size={eval_size} held out")
-            held = random.Random(eval_seed).sample(items, eval_size)
-        else:
-            eval_items = self._load(self.options.eval_path, "eval_path")
-            self._enough(eval_items, self.options.eval_path, eval_size, f"task.eval_size={eval_size}")
-            held = eval_items[:eval_size]
-        held_out = {normalize_question(i.question) for i in (held if self.options.eval_path is None else eval_items)}
-        train = [i for i in items if normalize_question(i.question) not in held_out]
+        held, excluded = self._held_out(items, eval_size, eval_seed)
+        train = [i for i in items if normalize_question(i.question) not in excluded]
         if not train:
             raise ValueError(f"every question of {P}.path={self.options.path!r} is in {P}.eval_path: nothing is "
                              f"left to train on")
@@ -99,6 +92,18 @@ class FileTasks(TaskSource):
             random.Random(seed).shuffle(train)
         self._train, self._held = train[:size], held
         self.size = len(self._train)
+
+    def _held_out(self, items: list[_Item], eval_size: int, eval_seed: int) -> tuple[list[_Item], set[str]]:
+        """The held-out items, and the questions no training item may ask: the held-out ones, or
+        every question of the eval file."""
+        if self.options.eval_path is None:
+            _enough(items, self.options.path, eval_size + 1, f"task.eval_size={eval_size} held out, plus one to "
+                                                             f"train on")
+            held = random.Random(eval_seed).sample(items, eval_size)
+            return held, {normalize_question(i.question) for i in held}
+        eval_items = self._load(self.options.eval_path, "eval_path")
+        _enough(eval_items, self.options.eval_path, eval_size, f"task.eval_size={eval_size}")
+        return eval_items[:eval_size], {normalize_question(i.question) for i in eval_items}
 
     def default_instruction(self) -> str:
         return self.verifier.instruction
@@ -162,12 +167,6 @@ class FileTasks(TaskSource):
                              f"case and white space do not count): there is one item, nothing to learn from")
         return list(seen.values())
 
-    def _enough(self, items: list[_Item], path: str, need: int, why: str) -> None:
-        if len(items) < need:
-            raise ValueError(f"{path} has {len(items)} distinct questions, fewer than the {need} needed "
-                             f"({why}{', plus one to train on' if why.endswith('held out') else ''}); lower "
-                             f"task.eval_size (and eval.size) or bring more items")
-
     # ---- the question as sent ------------------------------------------------------------
 
     def _check_template(self) -> None:
@@ -191,6 +190,12 @@ class FileTasks(TaskSource):
 
 
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def _enough(items: list[_Item], path: str, need: int, why: str) -> None:
+    if len(items) < need:
+        raise ValueError(f"{path} has {len(items)} distinct questions, fewer than the {need} needed ({why}); "
+                         f"lower task.eval_size (and eval.size) or bring more items")
 
 
 def _as_list(value: Any) -> list:

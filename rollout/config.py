@@ -61,7 +61,7 @@ class EngineConfig:
     num_cpus: float = 1.0  # Ray CPUs reserved per engine actor
     num_gpus: float = 0.0  # Ray GPUs per engine actor (0 on CPU machines)
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources (node placement)
-    kv_cache_gb: float = 1.0  # KV cache size per engine, GiB
+    kv_cache_gb: float | None = 1.0  # KV cache size per engine, GiB; null (GPU only): what gpu_memory_utilization leaves
     gpu_memory_utilization: float = 0.85  # GPU only: fraction of device memory for vLLM
     tensor_parallel_size: int = 1  # GPU only
     max_num_seqs: int = 64  # sequences batched per engine step
@@ -370,8 +370,11 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
         if cfg.sampling.max_tokens >= model.max_model_len:
             raise ValueError(f"sampling.max_tokens must be < {where}.max_model_len")
         where = f"policies.{policy}.engine" if table[policy].engine else "engine"
-        if engine.num_engines < 1 or engine.kv_cache_gb <= 0:
+        if engine.num_engines < 1 or (engine.kv_cache_gb is not None and engine.kv_cache_gb <= 0):
             raise ValueError(f"{where}.num_engines must be >= 1 and {where}.kv_cache_gb > 0")
+        if engine.kv_cache_gb is None and not engine.num_gpus:
+            raise ValueError(f"{where}.kv_cache_gb=null (the KV cache from gpu_memory_utilization) is for GPU "
+                             f"engines: set {where}.kv_cache_gb in GiB for a CPU engine")
         check_engine_waits(engine, where, cfg.rollout)
         check_engine_gpus(engine, where)
         if engine.block_size is not None and (engine.block_size <= 0 or engine.block_size % (16 if engine.num_gpus

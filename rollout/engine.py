@@ -89,8 +89,9 @@ def bind_cpu_cores(cfg: EngineConfig) -> None:
 
 def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
                 max_model_len: int = 2048, seed: int = 0, adapters: dict[str, LoraConfig] | None = None):
-    """vLLM engine arguments for one engine; CPU and GPU differ only in KV-cache sizing and prefill
-    chunking. With `adapters`, LoRA slots for all of them at once (none is ever evicted)."""
+    """vLLM engine arguments for one engine (built, not started: nothing probes the device); CPU and
+    GPU differ only in KV-cache sizing and prefill chunking (`_memory_args`). With `adapters`, LoRA
+    slots for all of them at once (none is ever evicted)."""
     _vllm_env()
     from vllm import AsyncEngineArgs
 
@@ -98,8 +99,6 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
 
     lora = ({"enable_lora": True, "max_loras": len(adapters), "max_cpu_loras": len(adapters),
              "max_lora_rank": vllm_max_rank([a.rank for a in adapters.values()])} if adapters else {})
-
-    on_gpu = cfg.num_gpus > 0
     return AsyncEngineArgs(
         model=model_path,
         dtype=dtype,
@@ -114,18 +113,30 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
         logprobs_mode="processed_logprobs",
         worker_extension_cls="rollout.vllm_ext.WeightSyncExtension",
         enable_prefix_caching=True,
-        # One engine-core process; the worker runs inside it (no extra process).
-        distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else None,
+        # TP 1: one engine-core process with the worker inside it. TP > 1: one worker process per
+        # rank on this actor's own devices; left to itself (None), vLLM 0.32 picks its Ray executor
+        # inside a placement group and asks Ray for more GPUs (config/parallel.py, __post_init__).
+        distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else "mp",
         disable_log_stats=True,
         **lora,
-        **({"gpu_memory_utilization": cfg.gpu_memory_utilization} if on_gpu
-           else {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30),
-                 # A chunked prefill discards its sampled token and rewinds the request's
-                 # seeded generator, which CPU generators cannot do ("CPU Generator does not
-                 # use offset"): seeded sampling on CPU needs whole prefills.
-                 "enable_chunked_prefill": False,
-                 "max_num_batched_tokens": max(max_model_len, 8192)}),
+        **_memory_args(cfg, max_model_len),
     )
+
+
+def _memory_args(cfg: EngineConfig, max_model_len: int) -> dict:
+    """The KV-cache sizing: on GPU vLLM checks at start that gpu_memory_utilization of the device is
+    free, then profiles what is left for the KV cache, unless `kv_cache_gb` sets it (vLLM 0.32
+    v1/worker/gpu_worker.py, determine_available_memory; null: profiled). On CPU `kv_cache_gb` sets it."""
+    if cfg.num_gpus > 0:
+        explicit = {} if cfg.kv_cache_gb is None else {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30)}
+        return {"gpu_memory_utilization": cfg.gpu_memory_utilization, **explicit}
+    assert cfg.kv_cache_gb is not None, "engine.kv_cache_gb: a size is needed on CPU (the config check says so)"
+    return {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30),
+            # A chunked prefill discards its sampled token and rewinds the request's
+            # seeded generator, which CPU generators cannot do ("CPU Generator does not
+            # use offset"): seeded sampling on CPU needs whole prefills.
+            "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(max_model_len, 8192)}
 
 
 def sampling_params(s: SamplingConfig, seed: int | None = None):

@@ -25,7 +25,7 @@ def export(adapter: Path, out: Path, base: str | None = None) -> Path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from trainer.checkpoint import HF_FILES
+    from trainer.hf_folder import HF_FILES
 
     config = adapter / "adapter_config.json"
     if not config.exists():

@@ -2,7 +2,8 @@
 its DeepSpeed state, and the loop's position.
 
     run_dir/checkpoints/step_000100/
-        <policy>/hf/         config.json, tokenizer files, model.safetensors  (the policy)
+        <policy>/hf/         config.json, tokenizer files, model.safetensors (or shards
+                             and their index: trainer/hf_folder.py), written by learner rank 0
         <policy>/adapter/    instead of hf/ for a LoRA policy: adapter_config.json and
                              adapter_model.safetensors (loads with peft and vLLM's LoRA loader)
         <policy>/deepspeed/  DeepSpeed's own model / optimizer / scheduler state (resume)
@@ -43,13 +44,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
-from safetensors.torch import load, save_file
 
 from rollout.trace import Trace, TraceError
+from trainer import hf_folder
 from trainer.learner_group import LearnerGroup
-
-HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-             "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:
@@ -93,20 +91,15 @@ def load_rollouts(checkpoint: Path) -> list[list[Trace]]:
     return groups
 
 
-def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> Path:
-    """Write the learners' current weights as an HF model folder (config/tokenizer from `base_model`)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    state = {}
-    [buckets] = learners.collect("export_weights", [learners.export_weights()])
-    for bucket in buckets:
-        state.update(load(bucket))
-    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
-    for name in HF_FILES:
-        src = Path(base_model) / name
-        if src.exists():
-            shutil.copy(src, out / name)
-    return out
+def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path,
+            shard_bytes: int = hf_folder.SHARD_BYTES) -> Path:
+    """Write the learners' current weights, in the model's dtype, as an HF model folder (config and
+    tokenizer from `base_model`). Learner rank 0 writes it, shard by shard (trainer/hf_folder.py):
+    neither the driver nor rank 0 ever holds the whole model. So `out` must be on storage that rank
+    0 can write and the driver can see, as DeepSpeed's own save already assumes of every rank (and
+    `finish` of the driver, which renames the checkpoint folder)."""
+    learners.write_hf(str(out), str(base_model), shard_bytes)
+    return Path(out)
 
 
 def save_adapter(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> Path:

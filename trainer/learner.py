@@ -28,7 +28,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 from enum import StrEnum
 
 from rollout.lora import own_params, peft_config, peft_name, saved_name
@@ -302,25 +302,22 @@ class Learner:
 
     # ------------------------------------------------------- weights & state
     def export_weights(self, bucket_bytes: int = 64 << 20, adapter: str | None = None) -> list[bytes] | None:
-        """Full fp32 weights (of `adapter`: its tensors only, under PEFT's saved names) as
-        safetensors buckets on rank 0 (None elsewhere); collective."""
-        import deepspeed
-        import torch
+        """Full weights in the model's dtype (bf16 stays bf16; of `adapter`: its tensors only, under
+        PEFT's saved names) as safetensors buckets on rank 0 (None elsewhere); collective."""
         from safetensors.torch import save
 
         slot = self.activate(adapter)
         named = zip(slot.names, slot.params) if adapter is not None else self.module.named_parameters()
         buckets, current, size = [], {}, 0
-        for name, p in named:
-            with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
-                if self.rank == 0:
-                    t = p.detach().to("cpu", torch.float32).clone()
-                    current[saved_name(name, adapter) if adapter is not None else name] = t
-                    size += t.numel() * 4
-            if self.rank == 0 and size >= bucket_bytes:
+        for name, t in self._gathered(named):
+            if t is None:  # not rank 0
+                continue
+            current[saved_name(name, adapter) if adapter is not None else name] = t
+            size += t.numel() * t.element_size()
+            if size >= bucket_bytes:
                 buckets.append(save(current))
                 current, size = {}, 0
-        if self.rank == 0 and current:
+        if current:
             buckets.append(save(current))
         return buckets if self.rank == 0 else None
 
@@ -466,3 +463,35 @@ class Learner:
             with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
                 h.update(p.detach().cpu().float().numpy().tobytes())
         return h.hexdigest()
+
+    # ------------------------------------------------------ full weights on rank 0
+    def _gathered(self, named) -> Iterator[tuple[str, Any]]:
+        """(name, a CPU copy of the full parameter, in its dtype) on rank 0 and (name, None) on the
+        others, for each of `named`, gathered one at a time under ZeRO-3: every rank runs through it."""
+        import deepspeed
+
+        for name, p in named:
+            with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
+                t = p.detach().to("cpu", copy=True) if self.rank == 0 else None
+            yield name, t
+
+    def write_hf(self, folder: str, base_model: str, shard_bytes: int) -> dict | None:
+        """Rank 0 writes the full model into `folder` as an HF model folder (trainer/hf_folder.py),
+        holding one shard of at most `shard_bytes` at a time; returns the files' names and sizes and
+        the dtype on rank 0 (None elsewhere): no weights leave the rank. Collective under ZeRO-3."""
+        from trainer import hf_folder
+
+        assert not self.adapters, "an adapter policy's checkpoint is its adapter (export_weights), not the model"
+        params = dict(self.module.named_parameters())
+        sizes = [(n, p.element_size() * math.prod(getattr(p, "ds_shape", p.shape))) for n, p in params.items()]
+        plan = hf_folder.plan_shards(sizes, shard_bytes)
+
+        def shards():
+            for names in plan:
+                yield dict(self._gathered((n, params[n]) for n in names))
+
+        if self.rank == 0:
+            return hf_folder.write(folder, base_model, shards(), len(plan))
+        for _ in shards():  # the other ranks take part in ZeRO-3's gathers
+            pass
+        return None

@@ -112,6 +112,11 @@ class LearnerGroup:
         self.collect("export_weights", refs[1:])  # the other ranks only take part in ZeRO-3 gathers
         return refs[0]
 
+    def write_hf(self, folder: str, base_model: str, shard_bytes: int) -> dict:
+        """Rank 0 writes the full weights as an HF model folder (the other ranks take part in ZeRO-3's
+        gathers); returns rank 0's report, the files and their sizes: the weights never reach the driver."""
+        return self.collect("write_hf", [r.write_hf.remote(folder, base_model, shard_bytes) for r in self.ranks])[0]
+
     def weight_address(self) -> tuple[str, int]:
         """Where rank 0 will host the weight group (trainer/weight_sync.py::CollectiveSync)."""
         return self.collect("weight_address", [self.ranks[0].master_address.remote()])[0]

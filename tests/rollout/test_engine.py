@@ -211,3 +211,37 @@ def test_a_weight_load_in_progress_is_not_a_hang_and_loads_run_one_at_a_time(eng
     ray.get([first, second], timeout=300)
     info = ray.get(engine.info.remote())
     assert info["version"] == v0 + 2 and info["loading_s"] is None and info["loads_waiting"] == 0
+
+
+def test_engine_args_on_gpu_size_the_kv_cache_and_keep_tensor_parallel_workers_local():
+    """engine_args only builds vLLM's AsyncEngineArgs (nothing probes a device), so the GPU settings
+    are checked here: TP > 1 runs vLLM's own worker processes ("mp"; left to vLLM, a Ray actor in a
+    placement group would get its Ray executor, which asks Ray for GPUs); an explicit kv_cache_gb
+    sizes the KV cache on GPU too, null leaves it to gpu_memory_utilization; the CPU-only prefill
+    settings stay on CPU."""
+    from rollout.config import EngineConfig
+    from rollout.engine import engine_args
+
+    def args(**kw):
+        return engine_args("/models/any", EngineConfig(**kw), dtype="bfloat16", max_model_len=4096)
+
+    tp = args(num_gpus=2, tensor_parallel_size=2, kv_cache_gb=None, gpu_memory_utilization=0.4)
+    assert (tp.distributed_executor_backend, tp.tensor_parallel_size) == ("mp", 2)
+    assert (tp.gpu_memory_utilization, tp.kv_cache_memory_bytes) == (0.4, None)
+    assert tp.enable_chunked_prefill is None and tp.max_num_batched_tokens is None  # vLLM's GPU defaults
+
+    one = args(num_gpus=0.5, kv_cache_gb=3, gpu_memory_utilization=0.3)
+    assert one.distributed_executor_backend == "uni"
+    assert (one.gpu_memory_utilization, one.kv_cache_memory_bytes) == (0.3, 3 << 30)
+
+    cpu = args(kv_cache_gb=0.5)
+    assert (cpu.distributed_executor_backend, cpu.kv_cache_memory_bytes) == ("uni", 1 << 29)
+    assert (cpu.enable_chunked_prefill, cpu.max_num_batched_tokens) == (False, 8192)
+    assert args(kv_cache_gb=0.5, tensor_parallel_size=2).distributed_executor_backend == "mp"
+
+
+def test_a_kv_cache_left_to_vllm_is_refused_on_cpu_naming_the_key():
+    from trainer.config import compose, validate
+
+    with pytest.raises(ValueError, match=r"engine.kv_cache_gb=null .* is for GPU engines: set engine.kv_cache_gb"):
+        validate(compose("train", ["engine.kv_cache_gb=null"]))

@@ -2,8 +2,9 @@
 
 Driven by trainer/learner_group.py, which starts `world_size` of these, calls
 `setup` on all of them at once (DeepSpeed's rendezvous needs every rank), and
-broadcasts every collective call (`train_step`, `export_weights`, `save`,
-`load`, `logprobs`) to all ranks.
+broadcasts every collective call (`train_step`, `export_weights`, `write_hf`,
+`broadcast_weights`, `save`, `load`, `logprobs`) to all ranks. Rank 0 alone
+hosts the weight group to the engines (rollout/weight_group.py).
 
 The loss of a micro-batch is a weighted SUM whose weights already carry the
 batch-level normalisation (trainer/packing.py), so the update must apply

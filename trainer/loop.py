@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import time
 from collections import Counter
 from contextlib import ExitStack
@@ -30,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from rollout.cluster import start_ray
 from rollout.config import SamplingConfig
@@ -41,6 +39,7 @@ from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer import checkpoint
 from trainer.metrics import RunLogger, paired_comparison, rollout_split, step_totals, write_atomic
 from trainer.policy import TrainedPolicy, trained_policies
+from trainer.run_dir import check_run_dir, start_run_dir
 
 
 def train(cfg: TrainJobConfig) -> dict:
@@ -134,60 +133,6 @@ def check(cfg: TrainJobConfig) -> None:
     """Everything that can be checked before Ray starts: the config, and what run_dir holds."""
     validate(cfg)
     check_run_dir(cfg)
-
-
-def check_run_dir(cfg: TrainJobConfig) -> None:
-    """Refuse, before anything starts, a run_dir that holds a previous run unless the config says
-    what to do with it (trainer.resume or trainer.overwrite), a resume without a checkpoint, and a
-    resume with nothing left to train. Raises ValueError naming the keys."""
-    t, run_dir, source = cfg.trainer, Path(cfg.run_dir), resume_source(cfg)
-    newest = checkpoint.latest(source) if source else None
-    if t.resume and t.resume != "auto" and newest is None:
-        raise ValueError(f"trainer.resume={t.resume!r}: no complete checkpoint under {source}/checkpoints "
-                         f"(trainer.resume=auto starts afresh when there is none)")
-    continues_here = newest is not None and source.resolve() == run_dir.resolve()
-    if previous_run(run_dir) and not (continues_here or t.overwrite or t.resume == "auto"):
-        raise ValueError(f"run_dir={str(run_dir)!r} holds a previous run ({', '.join(previous_run(run_dir))}): "
-                         f"continue it with trainer.resume=auto, start afresh with trainer.overwrite=true "
-                         f"(deletes its outputs), or choose another run_dir")
-    # past a damaged trainer_state.json, as the resume itself falls back
-    newest, state = (checkpoint.newest_state(source) if newest else None) or (None, {"step": -1})
-    if state["step"] >= t.steps:
-        raise ValueError(f"trainer.resume={t.resume!r}: {newest} is at step {state['step']} of "
-                         f"trainer.steps={t.steps}: nothing left to train; raise trainer.steps, or start afresh "
-                         f"with trainer.overwrite=true and without trainer.resume")
-
-
-def resume_source(cfg: TrainJobConfig) -> Path | None:
-    """The run dir trainer.resume names (run_dir itself for `auto`), or None."""
-    t = cfg.trainer
-    return Path(cfg.run_dir) if t.resume == "auto" else Path(t.resume) if t.resume else None
-
-
-RUN_OUTPUTS = ("checkpoints", "eval", "rollouts", "metrics.jsonl", "summary.json")
-
-
-def previous_run(run_dir: Path) -> list[str]:
-    """The outputs of a previous run in `run_dir` (empty for a fresh or never-started one)."""
-    return [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
-
-
-def start_run_dir(cfg: TrainJobConfig) -> tuple[Path, Path | None]:
-    """Create run_dir (deleting a previous run's outputs unless resuming from it) and record the
-    resolved config in it (config.yaml). Returns run_dir and the run dir to resume from (or None)."""
-    run_dir, source = Path(cfg.run_dir), resume_source(cfg)
-    resume_from = source if source and checkpoint.latest(source) else None
-    if resume_from is None or resume_from.resolve() != run_dir.resolve():
-        for name in previous_run(run_dir):
-            print(f"[train] deleting {run_dir / name} of the previous run (trainer.overwrite / resume=auto "
-                  f"without a checkpoint)", flush=True)
-            if (run_dir / name).is_dir():
-                shutil.rmtree(run_dir / name)
-            else:
-                (run_dir / name).unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    return run_dir, resume_from
 
 
 def seed_everything(seed: int) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from trainer import checkpoint
 from trainer.config import compose
-from trainer.loop import check_run_dir
+from trainer.run_dir import check_run_dir
 from tests.conftest import fake_checkpoint
 
 

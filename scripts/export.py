@@ -16,9 +16,6 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 
 def export(adapter: Path, out: Path, base: str | None = None) -> Path:
     import torch

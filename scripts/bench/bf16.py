@@ -15,24 +15,21 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learner import batches_for, conversation_trace  # noqa: E402  (the learner bench's batches)
-from rollout_path import bench_vllm  # noqa: E402
+from learner import batches_for, conversation_trace  # scripts/bench/learner.py: Python puts a script's folder first
+from rollout_path import bench_vllm  # scripts/bench/rollout_path.py
 
-from rollout.client import ChatFormat  # noqa: E402
-from rollout.cluster import start_ray  # noqa: E402
-from rollout.config import RayConfig, make_task_source  # noqa: E402
-from rollout.models import resolve_model  # noqa: E402
-from trainer.config import compose  # noqa: E402
-from trainer.learner import LearnerConfig  # noqa: E402
-from trainer.learner_group import LearnerGroup  # noqa: E402
-from trainer.losses import LossConfig  # noqa: E402
+from rollout.client import ChatFormat
+from rollout.cluster import start_ray
+from rollout.config import RayConfig, make_task_source
+from rollout.models import resolve_model
+from trainer.config import compose
+from trainer.learner import LearnerConfig
+from trainer.learner_group import LearnerGroup
+from trainer.losses import LossConfig
 
 DTYPES = ("float32", "bfloat16")
 

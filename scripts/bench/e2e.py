@@ -44,7 +44,7 @@ from trainer.config import compose
 from trainer.loop import train
 from trainer.policy import micro_batches
 
-from learner import PlainLoop, memcpy_s  # scripts/bench/learner.py (this script's folder is on sys.path)
+from learner import PlainLoop, memcpy_s  # scripts/bench/learner.py: Python puts a script's folder first
 
 VARIANTS = {  # name -> (default overrides, {variant: its overrides})
     "staleness": (["experiment=smoke"], {"sync": ["trainer.max_staleness=0"], "async": ["trainer.max_staleness=1"]}),

@@ -5,7 +5,7 @@
 The run is the fault test's (tests/trainer/test_faults.py): the smoke experiment with
 solver_verifier, the verifier on a frozen engine, 64 traces per step, a 2 s health check. Each
 fault hits half a second into step 2's rollout, through the same injection helpers as the test
-(tests/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
+(rollout/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
 half a second apart, of the rollout worker; SIGSTOP of an engine (alive, never answers: the
 watchdog must find it). For each: did the run finish, how many traces it trained of those it
 should have, how many failed, the restarts, the requests sent again and the episodes run
@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import ray
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the fault helpers live in tests/
-
 from rollout.cluster import start_ray
 from rollout.config import RayConfig
-from tests.faults import Injector
+from rollout.faults import Injector
 from trainer.config import compose
 from trainer.loop import train
 

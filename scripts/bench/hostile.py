@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from harnesses.reasoning_gym_tasks import ReasoningGymTasks  # noqa: E402
-from harnesses.sandbox import SandboxError  # noqa: E402
-from tests.harnesses.test_hostile_answers import TASKS, payloads  # noqa: E402
+from harnesses.hostile_answers import TASKS, payloads
+from harnesses.reasoning_gym_tasks import ReasoningGymTasks
+from harnesses.sandbox import SandboxError
 
 
 def median_ms(score, text: str, repeats: int) -> float | str:

@@ -4,34 +4,12 @@ and say why in the scoring notes; honest gold answers still score 1.0."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from harnesses.base import collect_scoring_notes
+from harnesses.hostile_answers import SHIPPED, TASKS, payloads
 from harnesses.reasoning_gym_tasks import ReasoningGymTasks
-
-ROOT = Path(__file__).resolve().parents[2]
-# The reasoning-gym presets (file tasks' verifiers: tests/harnesses/test_verifiers.py).
-SHIPPED = sorted(p.stem for p in (ROOT / "conf" / "task").glob("*.yaml") if "_target_" not in p.read_text())
-TASKS = sorted(set(SHIPPED) | {"puzzle24"})
-
-
-def payloads(target: Path) -> dict[str, str]:
-    """Answers (tag contents) that would create `target` if evaluated, or take the verifier's time."""
-    return {
-        "os.system": f"__import__('os').system('touch {target}')",
-        "open": f"open('{target}','w').write('x')",
-        "pathlib": f"__import__('pathlib').Path('{target}').touch()",
-        "subprocess": f"__import__('subprocess').run(['touch', '{target}'])",
-        "power tower": "9**9**9**9",
-        "400 kB expression": "1+" * 200000 + "1",
-        "lambda": f"(lambda: __import__('os').system('touch {target}'))()",
-        "sympy": f"Function('f')(1) or __import__('os').system('touch {target}')",
-        "caret": "9^9^9^9",
-        "deep parentheses": "(" * 5000 + "1" + ")" * 5000,
-        "huge literal": "9" * 5000,
-    }
 
 
 def test_every_shipped_task_is_covered():

@@ -10,13 +10,14 @@ import torch
 
 from rollout.trace import Sequence, Trace, TraceError
 from tests.conftest import fake_checkpoint, read_metrics
-from tests.faults import Injector
+from rollout.faults import Injector
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
-from trainer.loop import check_failures, check_run_dir, start_run_dir, train
+from trainer.loop import check_failures, train
+from trainer.run_dir import check_run_dir, start_run_dir
 
 
 def test_a_save_cut_short_is_never_resumed_from_and_prune_keeps_the_newest(tmp_path):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 Layout = list[list[tuple[str, list[int], str]]]  # buckets of (name, shape, dtype name)
 
@@ -57,12 +57,9 @@ def choose_transport(sender: str, receiver: str, prefer: str = "auto") -> str:
         if kinds == ("cuda", "cuda"):
             return "ipc" if same else "nccl"
         return "gloo"
-    if prefer == "ipc" and not same and kinds != ("cpu", "cpu"):
+    if prefer == "ipc" and not same:  # CPU: one host's shared memory; GPU: one device's memory
         raise ValueError(f"sync.transport=ipc needs the learner's rank 0 and the engine worker on the same "
-                         f"device; they are on {sender} and {receiver}")
-    if prefer == "ipc" and not same:
-        raise ValueError(f"sync.transport=ipc needs the learner's rank 0 and the engine worker on the same "
-                         f"host; they are on {sender} and {receiver}")
+                         f"{'host' if kinds == ('cpu', 'cpu') else 'device'}; they are on {sender} and {receiver}")
     if prefer == "nccl" and (kinds != ("cuda", "cuda") or same):
         raise ValueError(f"sync.transport=nccl needs two different GPUs (NCCL refuses two ranks on one); "
                          f"the learner's rank 0 is on {sender}, the engine worker on {receiver}")
@@ -86,7 +83,6 @@ class GroupPlan:
     host: str
     port: int
     transports: list[str]
-    buffer_bytes: int = 0  # each ipc staging buffer's size (the largest bucket)
     buffers: list = field(default_factory=list)  # rank 0's two staging buffers, shared (`share`)
 
     @property
@@ -179,7 +175,7 @@ def staging_for(plan: GroupPlan, layout: Layout, device) -> tuple[GroupPlan, lis
         return plan, []
     nbytes = max(offsets(bucket)[1] for bucket in layout)
     buffers = [staging_buffer(nbytes, device) for _ in range(2)]
-    return GroupPlan(plan.host, plan.port, plan.transports, nbytes, [share(b) for b in buffers]), buffers
+    return replace(plan, buffers=[share(b) for b in buffers]), buffers
 
 
 def dtype_of(name: str):

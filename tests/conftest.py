@@ -24,6 +24,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PROMPT = "What is 3 + 4? Give the final answer as <answer>NUMBER</answer>."
 # Easy reasoning-gym chain_sum, as in conf/task/chain_sum.yaml.
 EASY_CHAIN_SUM = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
+# The test tiers (pyproject.toml): `make test-fast` runs unit and integration, `make test` all three.
+TIERS = ("unit", "integration", "e2e")
+
+
+# ---- tiers: every test has exactly one ----------------------------------------------------
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered test must fail every run, not only `make test`
+def pytest_collection_modifyitems(config, items):
+    bad = [f"{item.nodeid}: {' + '.join(tiers) or 'no tier'}" for item in items
+           if len(tiers := [m.name for m in item.iter_markers() if m.name in TIERS]) != 1]
+    if bad:
+        raise pytest.UsageError(f"every test needs exactly one of the marks {', '.join(TIERS)} "
+                                "(module `pytestmark` or a decorator):\n  " + "\n  ".join(bad))
 
 
 # ---- fixtures: the shared real components ---------------------------------------------

@@ -91,6 +91,22 @@ def engine(ray_cluster, tiny_path, engine_cfg):
 
 
 @pytest.fixture(scope="session")
+def tied_engine(ray_cluster, tiny_tied_path, engine_cfg):
+    """A second Engine actor serving tiny_tied (tied embeddings), started once for the tests that
+    push weights into one (rollout/test_engine.py, trainer/test_weight_sync.py); each puts the
+    original weights back."""
+    import ray
+
+    from rollout.cluster import spawn_engines
+    from rollout.config import ModelConfig
+
+    [e] = spawn_engines({"main": (tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg)})["main"]
+    yield e
+    ray.get(e.shutdown.remote())
+    ray.kill(e)
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_path):
     from transformers import AutoTokenizer
 

@@ -75,18 +75,13 @@ def test_update_weights_in_place(engine, hf_tiny, tiny_tokenizer):
 
 
 @pytest.mark.integration
-def test_update_weights_tied_embeddings(ray_cluster, tiny_tied_path, engine_cfg):
+def test_update_weights_tied_embeddings(tied_engine, tiny_tied_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_tied_path, dtype=torch.float32).eval()
     assert model.config.tie_word_embeddings
     tok = AutoTokenizer.from_pretrained(tiny_tied_path)
-    [e] = spawn_engines({"main": (tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg)})["main"]
-    try:
-        check_update_weights(e, model, tok)
-    finally:
-        ray.get(e.shutdown.remote())
-        ray.kill(e)
+    check_update_weights(tied_engine, model, tok)  # puts the original weights back
 
 
 @pytest.mark.integration

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import pickle
 import re
@@ -41,6 +42,7 @@ import shutil
 import tempfile
 import time
 import uuid
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,9 +70,19 @@ def core_kind(cfg: EngineConfig) -> str:
 def _vllm_env(log_level: str = "ERROR") -> None:
     """vLLM's settings for this process, before vLLM is imported in it (a spawned engine core
     inherits them). (Not VLLM_CPU_KVCACHE_SPACE: it overrides kv_cache_memory_bytes with whole GiB.)"""
-    os.environ["VLLM_LOGGING_LEVEL"] = log_level.upper()
+    level = log_level.upper()
+    os.environ["VLLM_LOGGING_LEVEL"] = level
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if logging.getLevelName(level) <= logging.WARNING:
+        return
+    # Quiet start, as vLLM's level asks: what torch and vLLM warn about on every CPU start (no
+    # Triton, NUMA memory binding, deprecated torch names vLLM uses) is not the user's to act on.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # read when torch's C++ library loads
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
+    import torch  # noqa: F401 - its logging set-up first, then its level
+
+    logging.getLogger("torch").setLevel(logging.ERROR)
 
 
 def bind_cpu_cores(cfg: EngineConfig) -> None:

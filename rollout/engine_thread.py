@@ -73,8 +73,8 @@ class ThreadedLLM:
     async def generate(self, prompt, params, request_id: str, lora_request=None):
         """Yields the request's final output. A cancelled caller aborts the request."""
         request = _Request(request_id, prompt, params, lora_request)
-        self._submit(lambda: self._add(request))
         try:
+            await asyncio.wrap_future(self._submit(lambda: self._add(request)))  # fails if the thread is gone
             yield await asyncio.wrap_future(request.answer)
         except asyncio.CancelledError:
             self._submit(lambda: self._abort(request_id))

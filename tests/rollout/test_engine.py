@@ -5,7 +5,7 @@ import ray
 import torch
 from safetensors.torch import save
 
-from rollout.cluster import spawn_engines
+from rollout.cluster import spawn_engines, spawn_stores
 from rollout.config import ModelConfig, SamplingConfig
 from tests.conftest import chat_prompt, hf_logprobs
 
@@ -183,6 +183,37 @@ def test_the_watchdog_tells_a_busy_engine_from_a_hung_one(ray_cluster, tiny_path
         assert probe_engine(e, timeout_s=3.0) == "busy"
         ray.get(flood, timeout=300)
         assert probe_engine(e, timeout_s=60.0) == "ok"
+    finally:
+        ray.kill(e)
+
+
+@pytest.mark.e2e
+def test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals(ray_cluster, tiny_path):
+    """engine.core=process (vLLM's AsyncLLM, the GPU default): its engine-core child process dies
+    (the OOM killer, a CUDA fault), not the actor: the next call that meets the dead core ends the
+    actor, Ray restarts it, and the router sends the request again to a new process."""
+    import asyncio
+
+    import psutil
+
+    from rollout.config import EngineConfig
+    from rollout.router import Router
+
+    cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, core="process", max_restarts=1)
+    stores = {"main": spawn_stores(["main"])}  # with a store, Ray restarts a dead engine
+    [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), cfg)}, stores=stores)["main"]
+    try:
+        pid = ray.get(e.info.remote(), timeout=60)["pid"]
+        cores = [p for p in psutil.Process(pid).children(recursive=True)
+                 if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+        assert cores, "vLLM's engine core runs in a child process of the engine actor"
+        for core in cores:
+            core.kill()
+        psutil.wait_procs(cores, timeout=30)
+        router = Router([e], "main", timeout_s=300, restart_timeout_s=300)
+        [c] = asyncio.run(router.generate("trace-0", [5, 6, 7], SamplingConfig(max_tokens=4)))
+        assert len(c.completion_ids) > 0 and router.resent["trace-0"] == 1, "sent again to the restarted engine"
+        assert ray.get(e.info.remote(), timeout=60)["pid"] != pid, "a new engine process serves"
     finally:
         ray.kill(e)
 

@@ -19,13 +19,12 @@ import time
 
 import torch
 
-from learner import batches_for, conversation_trace  # scripts/bench/learner.py: Python puts a script's folder first
-from rollout_path import bench_vllm  # scripts/bench/rollout_path.py
-
+from rollout.baseline import bench_vllm
 from rollout.client import ChatFormat
 from rollout.cluster import start_ray
 from rollout.config import RayConfig, make_task_source
 from rollout.models import resolve_model
+from trainer.baseline import batches_for, conversation_trace
 from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup

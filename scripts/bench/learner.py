@@ -29,7 +29,6 @@ import random
 import time
 from contextlib import ExitStack
 
-import numpy as np
 import ray
 import torch
 
@@ -38,32 +37,13 @@ from rollout.cluster import start_ray
 from rollout.config import RayConfig
 from rollout.fleet import RolloutFleet
 from rollout.models import resolve_model
-from rollout.trace import Sequence, Trace
+from trainer.baseline import PlainLoop, batches_for, conversation_trace, memcpy_s
 from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig, microbatch_loss
-from trainer.packing import build_rows, pack, packing_stats, token_weights
+from trainer.packing import packing_stats
 from trainer.policy import TrainedPolicy, trained_policies
-
-
-def conversation_trace(fmt: ChatFormat, vocab: int, turns: int, gen: int, obs: int, rng: random.Random,
-                       tid: str, question: str = "Solve the task step by step.") -> Trace:
-    """One agent's multi-turn conversation: `turns` sequences, each extending the last exactly."""
-    prompt = fmt.render([{"role": "user", "content": question}])
-    seqs = []
-    for k in range(turns):
-        completion = [rng.randrange(10, vocab) for _ in range(gen)]
-        seqs.append(Sequence(prompt, completion, [-1.0] * gen, "solver", "main", 0, parent=k - 1 if k else None))
-        prompt = prompt + completion + [rng.randrange(10, vocab) for _ in range(obs)]
-    return Trace(tid, "g", seqs, reward=1.0)
-
-
-def batches_for(traces: list[Trace], merge: bool, budget: int):
-    advs = [[0.5] * len(t.sequences) for t in traces]
-    rows = build_rows(traces, advs, token_weights(traces, "token"), merge=merge)
-    mbs = pack(rows, budget)
-    return rows, mbs
 
 
 def fwd_bwd_seconds(model, mbs) -> float:
@@ -72,29 +52,6 @@ def fwd_bwd_seconds(model, mbs) -> float:
         microbatch_loss(model, mb, LossConfig())[0].backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - t0
-
-
-class PlainLoop:
-    """A single-process torch forward + backward + AdamW loop: what the learner is measured against."""
-
-    def __init__(self, path: str, threads: int):
-        from transformers import AutoModelForCausalLM
-
-        torch.set_num_threads(threads)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
-
-    def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
-
-    def step(self, mbs, only_trained: bool = True) -> float:
-        """Seconds of one optimizer step over `mbs`, timed inside this process."""
-        t0 = time.perf_counter()
-        for mb in mbs:
-            microbatch_loss(self.model, mb, LossConfig(), only_trained=only_trained)[0].backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - t0
 
 
 def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) -> dict:
@@ -161,17 +118,6 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
         res["speedup"] = round(res["unmerged_s"] / res["merged_s"], 2)
         out[f"turns_{turns}"] = res
     return out
-
-
-def memcpy_s(nbytes: int, rounds: int = 3) -> float:
-    """Seconds of a plain in-memory copy of `nbytes` (best of `rounds`): a weight sync's floor."""
-    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    copies = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        src.copy()
-        copies.append(time.perf_counter() - t0)
-    return min(copies)
 
 
 def section_c(model_name: str, rounds: int = 3) -> dict:

@@ -20,54 +20,20 @@ The last output line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import json
 import statistics
 import time
-import uuid
 
 import ray
 
+from rollout.baseline import bench_vllm
 from rollout.client import ChatFormat
 from rollout.cluster import start_ray
-from rollout.config import EngineConfig, GenerateJobConfig, SamplingConfig
-from rollout.engine import bind_cpu_cores, engine_args, sampling_params
+from rollout.config import GenerateJobConfig
 from rollout.fleet import RolloutFleet
 from rollout.models import resolve_model
 from rollout.config import make_task_source
 from trainer.config import compose
-
-
-def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,
-               engine: EngineConfig, rounds: int, dtype: str = "float32") -> list[dict]:
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    bind_cpu_cores(engine)  # the cores the fleets' engines take (engine.cpu_cores)
-    llm = AsyncLLM.from_engine_args(engine_args(model_path, engine, dtype))
-    params = sampling_params(sampling)
-
-    async def one(ids: list[int]) -> int:
-        final = None
-        async for out in llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
-            final = out
-        return sum(len(o.token_ids) for o in final.outputs)
-
-    async def timed(batch):
-        t0 = time.perf_counter()
-        tokens = sum(await asyncio.gather(*map(one, batch)))
-        return {"tokens": tokens, "seconds": time.perf_counter() - t0}
-
-    async def rounds_of_all():
-        await timed(prompts[:4])  # warm-up
-        return [await timed(prompts) for _ in range(rounds)]
-
-    try:
-        return asyncio.run(rounds_of_all())
-    finally:
-        llm.shutdown()
-        llm = None  # let __del__ run now, not at interpreter exit where it raises
-        gc.collect()
 
 
 def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict[str, list[dict]]:
@@ -94,31 +60,6 @@ def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict
     return results
 
 
-_http = {}  # event loop -> the HTTP client this worker's agents share
-
-
-async def one_call(task, base_url: str, api_key: str) -> str:
-    """The gateway side's agent: single_turn's one call, made with the openai SDK over one HTTP
-    client per worker process (as a long-running agent service holds one)."""
-    import httpx
-    from openai import AsyncOpenAI
-
-    http = _http.setdefault(asyncio.get_running_loop(), httpx.AsyncClient(timeout=600))
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http)
-    r = await client.chat.completions.create(model="main", messages=[{"role": "user", "content": task.prompt}])
-    return r.choices[0].message.content
-
-
-async def one_call_own_client(task, base_url: str, api_key: str) -> str:
-    """The same call from an agent that builds its own SDK client per episode (as
-    examples/calculator_agent.py does): ~30 ms of the worker's CPU per client (its TLS context)."""
-    from openai import AsyncOpenAI
-
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        r = await client.chat.completions.create(model="main", messages=[{"role": "user", "content": task.prompt}])
-        return r.choices[0].message.content
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2_135m")
@@ -134,9 +75,8 @@ def main() -> None:
               f"engine.max_num_seqs={max(args.prompts, 8)}", f"rollout.concurrency={args.prompts}",
               "rollout.group_size=1", "engine.cpu_cores=all", "ray.num_cpus=4"]
     cfg = compose("generate", ["harness=single_turn", *common])
-    # run from the repo root, like every bench: the workers import the agent from there
     gateway_cfg, own_client_cfg = (
-        compose("generate", ["harness=openai_agent", f"harness.options.agent=scripts.bench.rollout_path.{fn}", *common])
+        compose("generate", ["harness=openai_agent", f"harness.options.agent=harnesses.one_call_agents.{fn}", *common])
         for fn in ("one_call", "one_call_own_client"))
     model_path = resolve_model(cfg.model.name, cfg.model.path)
     fmt = ChatFormat.from_pretrained(model_path)

@@ -1,6 +1,6 @@
 """Benchmark the learner side, each comparison measured side by side in one run.
 
-    python scripts/bench/learner.py [--models tiny,smollm2_135m] [--sections a,b,c]
+    python scripts/bench/learner.py [--models tiny,smollm2_135m] [--sections a,b,c] [--quick]
 
 (a) trained tokens/s: LearnerGroup (2 DeepSpeed ranks on Ray, ZeRO-2; and 1 rank with
     both cores, ZeRO-0, as `make train` runs it: a_throughput_ws1) vs a plain
@@ -18,6 +18,7 @@
 (e) the loss over the trained tokens only (the output head and its softmax at those
     positions) vs over every position, the plain loop, rows shaped like the single_turn
     run's (a chat prompt of ~64 tokens, 24 generated); the two take turns step by step.
+`--quick`: the tiny model, every section, 2 rows, one step or sync each (the test suite's run).
 The last output line is one JSON object.
 """
 
@@ -120,7 +121,7 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
     return out
 
 
-def section_c(model_name: str, rounds: int = 3) -> dict:
+def section_c(model_name: str, rounds: int) -> dict:
     """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners, and each
     sync method side by side (the collective one after its previous snapshot export finished, as in
     the loop, where the export overlaps the next rollout)."""
@@ -172,7 +173,7 @@ def section_e(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
 LORA = ["+policies.a.lora.rank=16", "+policies.b.lora.rank=16"]
 
 
-def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int = 3) -> dict:
+def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int) -> dict:
     """The loop's own pieces, LoRA against full weights, the same model and settings."""
     base = [f"model={model_name}", "harness=solver_verifier", "agents.solver=a", "agents.verifier=b",
             "+policies.a.trainable=true", "+policies.b.trainable=true", "engine.kv_cache_gb=0.5",
@@ -209,10 +210,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--budget", type=int, default=1024, help="padded tokens per micro-batch")
+    ap.add_argument("--rounds", type=int, default=3, help="weight syncs per method (c, d)")
+    ap.add_argument("--quick", action="store_true", help="tiny, sections a-e, 2 rows, one step and sync each")
     args = ap.parse_args()
+    if args.quick:
+        args.models, args.sections, args.rows, args.steps, args.rounds = "tiny", "a,b,c,d,e", 2, 1, 1
     torch.manual_seed(0)
     start_ray(RayConfig(num_cpus=4))
-    result = {"bench": "learner"}
+    result = {"bench": "learner", "quick": args.quick}
     for name in args.models.split(","):
         path = resolve_model(name)
         fmt = ChatFormat.from_pretrained(path)
@@ -225,12 +230,12 @@ def main() -> None:
             res["b_merging"] = section_b(path, fmt, vocab, args.budget)
             print(name, "b", res["b_merging"], flush=True)
         if "c" in args.sections:
-            res["c_weight_sync"] = section_c(name)
+            res["c_weight_sync"] = section_c(name, args.rounds)
             print(name, "c", res["c_weight_sync"], flush=True)
         if "d" in args.sections:
-            res["d_lora"] = section_d(name, fmt, vocab, args.budget)
+            res["d_lora"] = section_d(name, fmt, vocab, args.budget, args.rounds)
         if "e" in args.sections:
-            res["e_loss_positions"] = section_e(path, fmt, vocab, 32, args.steps, 2048)
+            res["e_loss_positions"] = section_e(path, fmt, vocab, 4 if args.quick else 32, args.steps, 2048)
             print(name, "e", res["e_loss_positions"], flush=True)
         result[name] = res
     ray.shutdown()

@@ -1,6 +1,6 @@
 """Benchmark: generated tokens/s through the full rollout path vs vLLM's own generate.
 
-    python scripts/bench/rollout_path.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64]
+    python scripts/bench/rollout_path.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--quick]
 
 Same prompts (single_turn on chain_sum, chat-templated), same engine args and
 sampling, one run, one after the other:
@@ -14,6 +14,7 @@ sampling, one run, one after the other:
 Each side is warmed up, then timed `--rounds` times; the best round counts. The three
 fleets take turns, round by round, one up at a time (vLLM alone runs first, in this
 process); the ratios to the path pair each round with the path's round of the same turn.
+`--quick`: the tiny model, 4 prompts of 8 tokens, one round (the test suite's run).
 The last output line is one JSON object.
 """
 
@@ -67,7 +68,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="tiny, 4 prompts x 8 tokens, one round")
     args = ap.parse_args()
+    if args.quick:
+        args.model, args.prompts, args.max_tokens, args.rounds = "tiny", 4, 8, 1
 
     # ignore_eos: every completion is max_tokens long on both sides, so tok/s compare like for like.
     common = [f"model={args.model}", "task=chain_sum", f"sampling.max_tokens={args.max_tokens}",
@@ -103,7 +107,7 @@ def main() -> None:
     print(f"  the same, an SDK client built per episode: {own_tps:8.1f} generated tok/s  rounds={own_rounds}")
     print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}  gateway/path: {gateway_tps / path_tps:.3f} (best rounds), "
           f"{paired(gateway_rounds):.3f} (median of paired rounds); own client: {paired(own_rounds):.3f}")
-    print(json.dumps({"bench": "rollout_path", "model": args.model, "prompts": args.prompts,
+    print(json.dumps({"bench": "rollout_path", "quick": args.quick, "model": args.model, "prompts": args.prompts,
                       "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
                       "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
                       "gateway_tok_s": round(gateway_tps, 1), "gateway_over_path": round(gateway_tps / path_tps, 3),

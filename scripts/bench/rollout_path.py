@@ -10,7 +10,7 @@ sampling, one run, one after the other:
   gateway: the same fleet with the openai_agent harness: an agent function makes the same
          single chat call with the `openai` SDK through the worker's OpenAI-compatible
          gateway (HTTP, rendered to the same prompt ids), over one HTTP client per worker.
-  own_client: the same, the agent building its own SDK client per episode.
+  own_client: the same, the agent building its own SDK client per episode (not with --quick).
 Each side is warmed up, then timed `--rounds` times; the best round counts. The three
 fleets take turns, round by round, one up at a time (vLLM alone runs first, in this
 process); the ratios to the path pair each round with the path's round of the same turn.
@@ -89,33 +89,32 @@ def main() -> None:
                for i in range(args.prompts)]
 
     vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
-    paths = bench_paths({"path": cfg, "gateway": gateway_cfg, "own_client": own_client_cfg}, args.prompts, args.rounds)
-    path_rounds, gateway_rounds, own_rounds = paths["path"], paths["gateway"], paths["own_client"]
+    # the gateway sides (the same path as far as the engine sees it); --quick keeps one
+    sdk = {"gateway": gateway_cfg, **({} if args.quick else {"own_client": own_client_cfg})}
+    paths = bench_paths({"path": cfg, **sdk}, args.prompts, args.rounds)
 
     def best(rounds):
         return max(r["tokens"] / r["seconds"] for r in rounds)
 
-    vllm_tps, path_tps, gateway_tps, own_tps = map(best, (vllm_rounds, path_rounds, gateway_rounds, own_rounds))
-
     def paired(rounds):  # each round against the path's round of the same turn: the drift-free ratio
         return statistics.median((g["tokens"] / g["seconds"]) / (p["tokens"] / p["seconds"])
-                                 for p, g in zip(path_rounds, rounds))
+                                 for p, g in zip(paths["path"], rounds))
 
+    vllm_tps, path_tps = best(vllm_rounds), best(paths["path"])
     print(f"vLLM generate:    {vllm_tps:8.1f} generated tok/s  rounds={vllm_rounds}")
-    print(f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={path_rounds}")
-    print(f"worker->openai SDK->gateway->engine: {gateway_tps:8.1f} generated tok/s  rounds={gateway_rounds}")
-    print(f"  the same, an SDK client built per episode: {own_tps:8.1f} generated tok/s  rounds={own_rounds}")
-    print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}  gateway/path: {gateway_tps / path_tps:.3f} (best rounds), "
-          f"{paired(gateway_rounds):.3f} (median of paired rounds); own client: {paired(own_rounds):.3f}")
-    print(json.dumps({"bench": "rollout_path", "quick": args.quick, "model": args.model, "prompts": args.prompts,
-                      "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
-                      "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
-                      "gateway_tok_s": round(gateway_tps, 1), "gateway_over_path": round(gateway_tps / path_tps, 3),
-                      "gateway_over_path_paired": round(paired(gateway_rounds), 3),
-                      "own_client_tok_s": round(own_tps, 1), "own_client_over_path_paired": round(paired(own_rounds), 3),
-                      "vllm_rounds": vllm_rounds, "path_rounds": path_rounds, "gateway_rounds": gateway_rounds,
-                      "own_client_rounds": own_rounds}))
-
+    print(f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={paths['path']}  "
+          f"ratio path/vllm: {path_tps / vllm_tps:.3f}")
+    result = {"bench": "rollout_path", "quick": args.quick, "model": args.model, "prompts": args.prompts,
+              "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
+              "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
+              "vllm_rounds": vllm_rounds, "path_rounds": paths["path"]}
+    for side in sdk:  # own_client: an SDK client built per episode
+        print(f"worker->openai SDK->gateway->engine ({side}): {best(paths[side]):8.1f} generated tok/s  "
+              f"rounds={paths[side]}  over path: {paired(paths[side]):.3f} (median of paired rounds)")
+        result.update({f"{side}_tok_s": round(best(paths[side]), 1),
+                       f"{side}_over_path_paired": round(paired(paths[side]), 3), f"{side}_rounds": paths[side]})
+    result["gateway_over_path"] = round(best(paths["gateway"]) / path_tps, 3)  # best rounds
+    print(json.dumps(result))
 
 if __name__ == "__main__":
     main()

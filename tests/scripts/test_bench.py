@@ -61,14 +61,15 @@ def check_bf16(r):
 def check_lora_ops(r):
     for ops in ("vllm", "grouped"):
         assert positive(*(r[ops][f"{b}_tokens_per_s"] for b in ("base", "a", "a+b", "base+a")))
-        assert r[ops]["base_requests_changed_by_batching_with_a"] == 0, r[ops]  # no adapter leaks into base
+    # tracerl's ops leak no adapter into base requests (vLLM's CPU ops do: README, LoRA)
+    assert r["grouped"]["base_requests_changed_by_batching_with_a"] == 0, r["grouped"]
     assert positive(r["a_speedup"])
 
 
 def check_rollout_path(r):
-    assert positive(r["vllm_tok_s"], r["path_tok_s"], r["gateway_tok_s"], r["own_client_tok_s"])
+    assert positive(r["vllm_tok_s"], r["path_tok_s"], r["gateway_tok_s"], r["gateway_over_path_paired"])
     # ignore_eos: every side generated every token it was asked for
-    for rounds in ("vllm_rounds", "path_rounds", "gateway_rounds", "own_client_rounds"):
+    for rounds in ("vllm_rounds", "path_rounds", "gateway_rounds"):
         assert all(x["tokens"] == r["prompts"] * r["max_tokens"] for x in r[rounds]), (rounds, r[rounds])
 
 

@@ -1,6 +1,7 @@
 # tracerl: every target installs into .venv first (scripts/setup.sh is a no-op when up to date).
 #   make train   # the main training job on the embedded default (CPU, in-process Ray)
-#   make test    # the whole test suite
+#   make test       # the whole test suite: every tier (unit, integration, e2e; see pyproject.toml)
+#   make test-fast  # unit + integration: no whole training runs, no fault runs
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export TRACERL_CACHE ?= $(HOME)/.cache/tracerl
@@ -14,9 +15,9 @@ setup:
 test: setup
 	$(PY) -m pytest tests -q --durations=40 $(PYTEST_ARGS)
 
-# Everything but the end-to-end runs (marked slow): under 3 minutes on 2 cores.
+# Everything but the e2e tier (whole training / generation runs, job scripts, fault runs).
 test-fast: setup
-	$(PY) -m pytest tests -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -m "unit or integration" $(PYTEST_ARGS)
 
 # SmolLM2-135M-Instruct as solver and verifier on reasoning-gym chain_sum (conf/experiment/).
 train: setup

@@ -32,6 +32,12 @@ class Dtype(StrEnum):
     bfloat16 = "bfloat16"
 
 
+class EngineCore(StrEnum):
+    auto = "auto"  # thread on CPU, process on GPU
+    thread = "thread"  # vLLM's engine core on a thread of the engine actor (rollout/engine_thread.py)
+    process = "process"  # vLLM's AsyncLLM: the engine core in a child process of the actor
+
+
 class SyncPauseMode(StrEnum):
     wait = "wait"  # in-flight requests finish on the old weights first
     keep = "keep"  # in-flight requests continue on the new weights
@@ -73,6 +79,10 @@ class EngineConfig:
     # "|"); a share is split over tensor_parallel_size ranks
     cpu_cores: str = "auto"
     enforce_eager: bool = True  # skip CUDA graphs / torch.compile (start-up time on CPU)
+    # where vLLM's engine core runs: "thread" imports vLLM once per engine (a CPU engine starts in
+    # about half the time); "process" is vLLM's own AsyncLLM; "auto": thread on CPU, process on GPU
+    core: EngineCore = EngineCore.auto
+    vllm_log_level: str = "ERROR"  # vLLM's log level in the engine actors (its start-up warnings are at WARNING)
     start_timeout_s: float = 300.0  # engine start (model load) limit
     request_timeout_s: float = 240.0  # one model call longer than this is cancelled and its episode run again (< rollout.timeout_s)
     sync_timeout_s: float = 600.0  # loading new weights into the engines longer than this stops the run

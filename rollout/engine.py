@@ -58,10 +58,17 @@ class Completion:
     version: int  # weight version that produced every token of it
 
 
-def _vllm_env() -> None:
-    # Must be set before vLLM is imported in this process. (Not VLLM_CPU_KVCACHE_SPACE:
-    # it overrides kv_cache_memory_bytes with whole GiB.)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+def core_kind(cfg: EngineConfig) -> str:
+    """Where this engine's vLLM engine core runs (`engine.core`): "thread" or "process"."""
+    if cfg.core != "auto":
+        return str(cfg.core)
+    return "process" if cfg.num_gpus > 0 or cfg.tensor_parallel_size > 1 else "thread"
+
+
+def _vllm_env(log_level: str = "ERROR") -> None:
+    """vLLM's settings for this process, before vLLM is imported in it (a spawned engine core
+    inherits them). (Not VLLM_CPU_KVCACHE_SPACE: it overrides kv_cache_memory_bytes with whole GiB.)"""
+    os.environ["VLLM_LOGGING_LEVEL"] = log_level.upper()
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -92,7 +99,7 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
     """vLLM engine arguments for one engine (built, not started: nothing probes the device); CPU and
     GPU differ only in KV-cache sizing and prefill chunking (`_memory_args`). With `adapters`, LoRA
     slots for all of them at once (none is ever evicted)."""
-    _vllm_env()
+    _vllm_env(cfg.vllm_log_level)
     from vllm import AsyncEngineArgs
 
     from rollout.lora import vllm_max_rank
@@ -118,6 +125,7 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
         # inside a placement group and asks Ray for more GPUs (config/parallel.py, __post_init__).
         distributed_executor_backend="uni" if cfg.tensor_parallel_size == 1 else "mp",
         disable_log_stats=True,
+        use_tqdm_on_load=False,  # no progress bar per engine start: the Engine prints one line when ready
         **lora,
         **_memory_args(cfg, max_model_len),
     )
@@ -176,8 +184,11 @@ class Engine:
         `stores`: policy -> its WeightStore actor, for each policy whose weights this engine takes
         pushes of (none: always the weights in `model_path`); `index`: this engine's place in the
         pool (the stores count its starts); `adapters`: LoRA policy -> its adapter settings."""
-        _vllm_env()
+        since = time.perf_counter()
+        _vllm_env(cfg.vllm_log_level)
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        from rollout.engine_thread import ThreadedLLM
 
         self.policy = policy
         self.version = 0  # of the base weights
@@ -192,10 +203,17 @@ class Engine:
 
         self._clock = StepClock()  # the engine-core steps' time (rollout/engine_clock.py)
         t0 = time.perf_counter()
-        self._llm = AsyncLLM.from_engine_args(engine_args(model_path, cfg, dtype, max_model_len, seed, self.adapters),
-                                              stat_loggers=[lambda vllm_config, index: self._clock])
+        args = engine_args(model_path, cfg, dtype, max_model_len, seed, self.adapters)
+        loggers = [lambda vllm_config, index: self._clock]
+        if core_kind(cfg) == "thread":
+            self._llm = ThreadedLLM(args, stat_loggers=loggers, start_timeout_s=cfg.start_timeout_s)
+        else:
+            self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
+        print(f"[engine] {policy!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
+              f"(vLLM imported in {t0 - since:.1f} s, core on a {core_kind(cfg)}: weights and KV cache "
+              f"{self.start_s:.1f} s)", flush=True)
         self._active = 0  # requests in flight
         self._finished = 0  # requests answered (the watchdog's sign of progress)
         self._busy_s = 0.0  # seconds with at least one request in flight

@@ -24,6 +24,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 PROMPT = "What is 3 + 4? Give the final answer as <answer>NUMBER</answer>."
 # Easy reasoning-gym chain_sum, as in conf/task/chain_sum.yaml.
 EASY_CHAIN_SUM = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
+# The test tiers (pyproject.toml): `make test-fast` runs unit and integration, `make test` all three.
+TIERS = ("unit", "integration", "e2e")
+
+
+# ---- tiers: every test has exactly one ----------------------------------------------------
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered test must fail every run, not only `make test`
+def pytest_collection_modifyitems(config, items):
+    bad = [f"{item.nodeid}: {' + '.join(tiers) or 'no tier'}" for item in items
+           if len(tiers := [m.name for m in item.iter_markers() if m.name in TIERS]) != 1]
+    if bad:
+        raise pytest.UsageError(f"every test needs exactly one of the marks {', '.join(TIERS)} "
+                                "(module `pytestmark` or a decorator):\n  " + "\n  ".join(bad))
 
 
 # ---- fixtures: the shared real components ---------------------------------------------
@@ -72,6 +85,22 @@ def engine(ray_cluster, tiny_path, engine_cfg):
     from rollout.config import ModelConfig
 
     [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), engine_cfg)})["main"]
+    yield e
+    ray.get(e.shutdown.remote())
+    ray.kill(e)
+
+
+@pytest.fixture(scope="session")
+def tied_engine(ray_cluster, tiny_tied_path, engine_cfg):
+    """A second Engine actor serving tiny_tied (tied embeddings), started once for the tests that
+    push weights into one (rollout/test_engine.py, trainer/test_weight_sync.py); each puts the
+    original weights back."""
+    import ray
+
+    from rollout.cluster import spawn_engines
+    from rollout.config import ModelConfig
+
+    [e] = spawn_engines({"main": (tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg)})["main"]
     yield e
     ray.get(e.shutdown.remote())
     ray.kill(e)

@@ -12,6 +12,8 @@ from harnesses.base import load_harness, normalize_question
 from rollout.config import GenerateJobConfig, make_task_source, validate as validate_generate
 from trainer.config import TrainJobConfig, compose, validate as validate_train
 
+pytestmark = pytest.mark.unit
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # Which config groups each entry point's defaults list has (conf/train.yaml, conf/generate.yaml).
 GROUPS = {"train": ["model", "harness", "task", "algorithm", "logger", "cluster", "experiment"],

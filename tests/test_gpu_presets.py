@@ -10,6 +10,8 @@ import pytest
 from rollout.placement import gpus_needed, pick_cluster
 from trainer.config import compose, validate
 
+pytestmark = pytest.mark.unit
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 TWO_TRAINED = {"smollm2_two_policies"}  # two learners and two pools: more than one GPU's shares

@@ -20,6 +20,8 @@ from harnesses.file_tasks import FileTaskParams, FileTasks
 from trainer.config import compose
 from trainer.loop import check
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 # Written by datasets 5.2.0 (Dataset.from_list(...).save_to_disk): "What is a + b?" for a, b in 1..8,
 # fields problem / solution / level; hf_arith_splits: the same as a DatasetDict (train 40, test 24).

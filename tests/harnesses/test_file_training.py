@@ -18,6 +18,8 @@ from rollout.trace import read_jsonl
 from trainer.config import compose
 from trainer.loop import train
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, GROUPS = 2, 8
 
@@ -54,7 +56,6 @@ def check_held_out(run_dir: Path, cfg) -> list:
     return traces
 
 
-@pytest.mark.slow
 def test_training_from_jsonl_with_a_user_function_verifier(ray_cluster, tmp_path):
     data = tmp_path / "arith.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in arith_rows()))
@@ -66,7 +67,6 @@ def test_training_from_jsonl_with_a_user_function_verifier(ray_cluster, tmp_path
     assert summary["steps"] == STEPS and summary["eval_size"] == 8
 
 
-@pytest.mark.slow
 def test_training_from_parquet_with_the_numeric_verifier(ray_cluster, tmp_path):
     data = tmp_path / "arith.parquet"
     pq.write_table(pa.Table.from_pylist(arith_rows()), data)

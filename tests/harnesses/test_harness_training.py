@@ -9,6 +9,8 @@ from trainer.advantages import AdvantageConfig, compute_advantages
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import build_rows, pack, token_weights
 
+pytestmark = pytest.mark.integration
+
 
 def gradient(model, traces, advs):
     """The batch's policy-gradient (token-normalised loss), and its training rows."""

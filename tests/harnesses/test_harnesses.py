@@ -24,6 +24,7 @@ def merged_rows(seqs, reward=1.0):
     return [r.sequences for r in build_rows([trace], [[1.0] * len(seqs)], weights)]
 
 
+@pytest.mark.integration
 def test_single_turn_shape(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness("harnesses.single_turn.single_turn", ["solver"])
     assert len(seqs) == 1 and seqs[0].agent == "solver"
@@ -31,6 +32,7 @@ def test_single_turn_shape(run_harness, tiny_tokenizer):
     assert result.reward == task.score(tiny_tokenizer.decode(seqs[0].completion_ids, skip_special_tokens=True))
 
 
+@pytest.mark.integration
 def test_solver_verifier_shape(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness("harnesses.solver_verifier.solver_verifier",
                              ["solver", "verifier"])
@@ -47,6 +49,7 @@ def test_solver_verifier_shape(run_harness, tiny_tokenizer):
     assert result.reward == task.score(final_text)
 
 
+@pytest.mark.unit
 def test_as_result_rejects_bad_values():
     import math
 
@@ -62,6 +65,7 @@ def test_as_result_rejects_bad_values():
         load_harness("harnesses.nope.missing")
 
 
+@pytest.mark.integration
 def test_solver_verifier_corrector_shape(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness("harnesses.solver_verifier_corrector.solver_verifier_corrector",
                              ["solver", "verifier", "corrector"], rounds=3)
@@ -82,6 +86,7 @@ def test_solver_verifier_corrector_shape(run_harness, tiny_tokenizer):
     assert sorted(merged_rows(seqs)) == sorted([[0]] + verifier + ([corrector] if corrector else []))
 
 
+@pytest.mark.unit
 def test_verdict_parsing():
     from harnesses.solver_verifier_corrector import accepted
 
@@ -90,6 +95,7 @@ def test_verdict_parsing():
     assert not accepted("I accept nothing") and not accepted("ACCEPT or REJECT?")
 
 
+@pytest.mark.integration
 def test_debate_shape_with_frozen_judge(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness("harnesses.debate.debate",
                              ["debater_a", "debater_b", "judge"], frozen={"judge"},
@@ -114,6 +120,7 @@ def test_debate_shape_with_frozen_judge(run_harness, tiny_tokenizer):
         "one row per debater; the frozen judge makes none"
 
 
+@pytest.mark.integration
 def test_orchestrator_shape(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness("harnesses.orchestrator.orchestrator",
                              ["orchestrator", "subagent"], max_subagents=3)
@@ -128,6 +135,7 @@ def test_orchestrator_shape(run_harness, tiny_tokenizer):
     assert sorted(map(sorted, merged_rows(seqs))) == sorted([[0, k + 1]] + [[i] for i in range(1, k + 1)])
 
 
+@pytest.mark.unit
 def test_orchestrator_plan_parsing():
     from harnesses.orchestrator import subtasks
 
@@ -137,6 +145,7 @@ def test_orchestrator_plan_parsing():
     assert subtasks("no list here", 3) == []
 
 
+@pytest.mark.integration
 def test_compaction_shape(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness("harnesses.compaction.compaction", ["solver"],
                              budget_tokens=400, max_steps=8, reply_tokens=16)
@@ -158,6 +167,7 @@ def test_compaction_shape(run_harness, tiny_tokenizer):
     assert merged_rows(seqs) == segments, "one row per segment; never merged across a compaction"
 
 
+@pytest.mark.integration
 def test_selfplay_shape(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness("harnesses.selfplay.selfplay", ["player_a", "player_b"])
     m = result.info["moves"]
@@ -173,6 +183,7 @@ def test_selfplay_shape(run_harness, tiny_tokenizer):
     assert sorted(map(sorted, merged_rows(seqs))) == sorted([list(range(0, m, 2)), list(range(1, m, 2))][:min(m, 2)])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("reply,stones,move", [("2", 5, 2), ("I take 3 stones", 5, 3), ("4", 9, None),
                                                ("3", 2, None), ("none", 5, None), ("0", 5, None)])
 def test_selfplay_move_parsing(reply, stones, move):
@@ -181,6 +192,7 @@ def test_selfplay_move_parsing(reply, stones, move):
     assert parse_move(reply, stones) == move
 
 
+@pytest.mark.integration
 def test_readme_harness_example_runs(run_harness, tiny_tokenizer, tmp_path, monkeypatch):
     """The second harness in README.md's "Write a harness" runs as written, per-agent rewards and all."""
     import re

@@ -11,6 +11,8 @@ from harnesses.base import collect_scoring_notes
 from harnesses.hostile_answers import SHIPPED, TASKS, payloads
 from harnesses.reasoning_gym_tasks import ReasoningGymTasks
 
+pytestmark = pytest.mark.unit
+
 
 def test_every_shipped_task_is_covered():
     assert {"basic_arithmetic", "chain_sum", "countdown", "gsm_symbolic"} <= set(SHIPPED)

@@ -14,6 +14,8 @@ import pytest
 
 from harnesses.sandbox import Sandbox, SandboxError
 
+pytestmark = pytest.mark.unit
+
 MARKER = "TRACERL_SANDBOX_TEST_MARKER"
 
 

@@ -18,6 +18,8 @@ from harnesses.reasoning_gym_tasks import DEFAULT_INSTRUCTION, ReasoningGymTask,
 from harnesses.synthetic import DigitTasks
 from tests.conftest import EASY_CHAIN_SUM
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 DATASETS = ["chain_sum", "basic_arithmetic", "countdown", "gsm_symbolic"]
 NUMERIC = ["chain_sum", "basic_arithmetic", "gsm_symbolic"]

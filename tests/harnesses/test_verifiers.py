@@ -12,6 +12,8 @@ from harnesses.base import collect_scoring_notes
 from harnesses.sandbox import SandboxError
 from harnesses.verifiers import BUILT_IN, make_verifier
 
+pytestmark = pytest.mark.unit
+
 GOLD = {"exact": "Paris", "numeric": "42", "math": "1/2", "regex": r"[0-9]+ apples?", "choice": "B"}
 RIGHT = {**GOLD, "regex": "3 apples"}  # an answer that is right (a regex's gold is its pattern)
 

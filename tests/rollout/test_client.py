@@ -17,6 +17,7 @@ def make_agent(engine, tok, role="solver", policy="main", recorder=None, max_tok
                  SamplingConfig(max_tokens=max_tokens), trainable=trainable), recorder
 
 
+@pytest.mark.integration
 def test_conversation_prompts_extend_previous_turns_exactly(engine, tiny_tokenizer):
     agent, rec = make_agent(engine, tiny_tokenizer)
 
@@ -45,6 +46,7 @@ def test_conversation_prompts_extend_previous_turns_exactly(engine, tiny_tokeniz
                                                   "assistant", "user", "assistant"]
 
 
+@pytest.mark.integration
 def test_every_call_is_recorded_with_role_policy_version(engine, tiny_tokenizer):
     rec = TraceRecorder("trace-1")
     solver, _ = make_agent(engine, tiny_tokenizer, "solver", "main", rec)
@@ -64,6 +66,7 @@ def test_every_call_is_recorded_with_role_policy_version(engine, tiny_tokenizer)
     assert tiny_tokenizer.decode(rec.sequences[1].prompt_ids).startswith("<|im_start|>system\nYou judge.")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("model", ["tiny", "smollm2_135m"])
 def test_token_conversation_equals_template_rendering(model):
     """If each completion is the tokenized assistant text + end token, the token-built
@@ -86,6 +89,7 @@ def test_token_conversation_equals_template_rendering(model):
     assert tok.decode(closed).startswith("<|im_end|>")
 
 
+@pytest.mark.unit
 def test_continuation_cache_is_bounded(tiny_tokenizer):
     """Every new follow-up turn (a gateway tool result, a critique) is a cache key: the cache keeps
     the most recently used _TAILS_MAX of them, and an evicted one renders the same again."""

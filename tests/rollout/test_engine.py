@@ -16,6 +16,7 @@ def perturbed(model, scale=0.05, seed=0):
             for k, v in model.named_parameters()}
 
 
+@pytest.mark.integration
 def test_sampled_logprobs_match_hf(engine, tiny_tokenizer, hf_tiny):
     prompt = chat_prompt(tiny_tokenizer)
     comps = ray.get(engine.generate.remote(prompt, SamplingConfig(n=4, max_tokens=24, temperature=1.0)))
@@ -29,6 +30,7 @@ def test_sampled_logprobs_match_hf(engine, tiny_tokenizer, hf_tiny):
     assert len({tuple(c.completion_ids) for c in comps}) > 1
 
 
+@pytest.mark.integration
 def test_temperature_logprobs_are_of_the_sampled_distribution(engine, tiny_tokenizer, hf_tiny):
     prompt = chat_prompt(tiny_tokenizer)
     [c] = ray.get(engine.generate.remote(prompt, SamplingConfig(max_tokens=16, temperature=0.5)))
@@ -67,25 +69,22 @@ def check_update_weights(engine, model, tok):
     assert (restored - before).abs().max() < 1e-4
 
 
+@pytest.mark.integration
 def test_update_weights_in_place(engine, hf_tiny, tiny_tokenizer):
     check_update_weights(engine, hf_tiny, tiny_tokenizer)
 
 
-@pytest.mark.slow  # a second engine
-def test_update_weights_tied_embeddings(ray_cluster, tiny_tied_path, engine_cfg):
+@pytest.mark.integration
+def test_update_weights_tied_embeddings(tied_engine, tiny_tied_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_tied_path, dtype=torch.float32).eval()
     assert model.config.tie_word_embeddings
     tok = AutoTokenizer.from_pretrained(tiny_tied_path)
-    [e] = spawn_engines({"main": (tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg)})["main"]
-    try:
-        check_update_weights(e, model, tok)
-    finally:
-        ray.get(e.shutdown.remote())
-        ray.kill(e)
+    check_update_weights(tied_engine, model, tok)  # puts the original weights back
 
 
+@pytest.mark.integration
 def test_the_step_clock_accounts_for_every_token_and_fits_in_the_busy_time(engine, tiny_tokenizer):
     """rollout/engine_clock.py: over 8 concurrent requests the engine's step totals count exactly
     the tokens generated and the prompt tokens prefilled, the decode steps ran batched, and the
@@ -112,6 +111,7 @@ def test_the_step_clock_accounts_for_every_token_and_fits_in_the_busy_time(engin
     assert 0 < d["prefill_s"] and 0 < d["decode_s"] and d["prefill_s"] + d["decode_s"] <= busy + 1e-3, (d, busy)
 
 
+@pytest.mark.unit
 def test_cpu_cores_give_each_engine_its_share_of_the_cores(monkeypatch):
     """engine.cpu_cores -> VLLM_CPU_OMP_THREADS_BIND, read by vLLM's CPU worker when it starts."""
     import os
@@ -139,11 +139,13 @@ def test_cpu_cores_give_each_engine_its_share_of_the_cores(monkeypatch):
         bound(cpu_cores=f"0/{len(cores)}", tensor_parallel_size=4)
 
 
+@pytest.mark.integration
 def test_prompt_too_long_is_a_clear_error(engine):
     with pytest.raises(ValueError, match="exceeds model.max_model_len"):
         ray.get(engine.generate.remote([5] * 2040, SamplingConfig(max_tokens=64)))
 
 
+@pytest.mark.integration
 def test_a_request_past_its_deadline_is_aborted_and_named(engine, tiny_tokenizer):
     """engine.request_timeout_s: the router cancels a request that runs past it (vLLM aborts the
     sequence) and raises an error naming the engine; the engine goes on serving."""
@@ -165,6 +167,7 @@ def test_a_request_past_its_deadline_is_aborted_and_named(engine, tiny_tokenizer
     assert 0 < len(c.completion_ids) <= 4
 
 
+@pytest.mark.e2e
 def test_the_watchdog_tells_a_busy_engine_from_a_hung_one(ray_cluster, tiny_path):
     """The health probe queues behind an engine's requests: with one sequence slot and 40 long
     requests ahead of it, it is not answered within 3 s, but requests finish meanwhile: busy, not
@@ -184,6 +187,7 @@ def test_the_watchdog_tells_a_busy_engine_from_a_hung_one(ray_cluster, tiny_path
         ray.kill(e)
 
 
+@pytest.mark.integration
 def test_a_weight_load_in_progress_is_not_a_hang_and_loads_run_one_at_a_time(engine, hf_tiny):
     """A load (sync_pause_mode=wait) waits for the requests in flight, and generation stays paused
     meanwhile, so the health probe goes unanswered: the watchdog's verdict is "loading" (within
@@ -213,6 +217,7 @@ def test_a_weight_load_in_progress_is_not_a_hang_and_loads_run_one_at_a_time(eng
     assert info["version"] == v0 + 2 and info["loading_s"] is None and info["loads_waiting"] == 0
 
 
+@pytest.mark.unit
 def test_engine_args_on_gpu_size_the_kv_cache_and_keep_tensor_parallel_workers_local():
     """engine_args only builds vLLM's AsyncEngineArgs (nothing probes a device), so the GPU settings
     are checked here: TP > 1 runs vLLM's own worker processes ("mp"; left to vLLM, a Ray actor in a
@@ -240,6 +245,7 @@ def test_engine_args_on_gpu_size_the_kv_cache_and_keep_tensor_parallel_workers_l
     assert args(kv_cache_gb=0.5, tensor_parallel_size=2).distributed_executor_backend == "mp"
 
 
+@pytest.mark.unit
 def test_a_kv_cache_left_to_vllm_is_refused_on_cpu_naming_the_key():
     from trainer.config import compose, validate
 

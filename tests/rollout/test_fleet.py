@@ -17,7 +17,7 @@ from rollout.fleet import RolloutFleet
 from rollout.router import Router
 from trainer.config import compose
 
-pytestmark = pytest.mark.slow  # a fleet starts its own engine (~30 s)
+pytestmark = pytest.mark.e2e  # a fleet of its own (~30 s to start) whose engines and workers die
 
 FLEET = ["model=tiny", "engine.kv_cache_gb=0.25", "engine.num_cpus=0.5", "sampling.max_tokens=8",
          "rollout.num_workers=2", "rollout.group_size=2"]

@@ -65,6 +65,7 @@ def assert_extends(earlier, later):
     assert later.prompt_ids[:len(head)] == head and len(later.prompt_ids) > len(head)
 
 
+@pytest.mark.integration
 def test_example_agent_every_call_is_a_sequence_and_later_turns_extend_exactly(gateway_run, tiny_tokenizer):
     """examples/calculator_agent.py, unmodified, as a function: its calls (with tools) are the
     trace's sequences, each later one continuing the earlier one's ids; one training row."""
@@ -102,6 +103,7 @@ async def three_turns(session, client, k, rewrite=False):
     return messages
 
 
+@pytest.mark.integration
 def test_rows_equal_the_same_conversation_written_with_conversation(gateway_run, engine, tiny_tokenizer):
     """Greedy, so both ways generate the same tokens: the gateway's sequences and row equal those of
     the same turns written with `Conversation`; an edited history is rendered fresh and starts a
@@ -135,6 +137,7 @@ def test_rows_equal_the_same_conversation_written_with_conversation(gateway_run,
     assert sorted(r.sequences for r in rows) == [[0, 1], [2]]
 
 
+@pytest.mark.integration
 def test_64_concurrent_sessions_on_one_gateway_never_mix(gateway_run, tiny_tokenizer):
     async def ask(session, client, k):
         messages = [{"role": "user", "content": f"Question number {k}."}]
@@ -154,6 +157,7 @@ def test_64_concurrent_sessions_on_one_gateway_never_mix(gateway_run, tiny_token
         assert streamed == ChatFormat(tiny_tokenizer).decode(seqs[1].completion_ids)
 
 
+@pytest.mark.integration
 def test_unreproducible_sampling_is_refused_and_temperature_is_recorded(gateway_run):
     async def calls(session, client, k):
         refused = []
@@ -176,6 +180,7 @@ def test_unreproducible_sampling_is_refused_and_temperature_is_recorded(gateway_
     assert seq.temperature == 1.0 and len(seq.completion_ids) <= 3
 
 
+@pytest.mark.integration
 def test_a_client_that_leaves_has_its_generation_aborted(gateway_run, engine):
     """A client that disconnects mid-request (here: its own timeout) takes its generation with it:
     the engine aborts the request, and no sequence is recorded for an answer nobody read."""
@@ -194,6 +199,7 @@ def test_a_client_that_leaves_has_its_generation_aborted(gateway_run, engine):
     assert after["finished"] == before["finished"] and rec.sequences == []
 
 
+@pytest.mark.unit
 def test_tool_call_parsing():
     content, calls = parse_tool_calls('ok <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>', "s", 0)
     assert content == "ok" and calls == [{"id": "call_s_0", "name": "add", "arguments": '{"a": 1}'}]
@@ -208,6 +214,7 @@ def tool_turn(k, expression, result):
             {"role": "tool", "tool_call_id": f"c{k}", "content": result}]
 
 
+@pytest.mark.integration
 def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, engine_cfg):
     """SmolLM2-135M-Instruct (its chat template renders no tools: the gateway's text convention),
     shown two worked examples of calling the calculator, calls it for a new question (greedy):
@@ -264,6 +271,7 @@ def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, e
     assert second.message.content is not None or second.message.tool_calls
 
 
+@pytest.mark.integration
 def test_openai_agent_harness_runs_the_example_as_a_subprocess_in_a_worker(run_worker):
     """examples/calculator_agent.py as a program (task on stdin, answer on stdout) in a real
     RolloutWorker: every trace ok, with the agent's calls as its sequences, the answer scored."""
@@ -280,6 +288,7 @@ def test_openai_agent_harness_runs_the_example_as_a_subprocess_in_a_worker(run_w
             assert_extends(earlier, later)
 
 
+@pytest.mark.integration
 def test_a_hanging_agent_command_is_killed_with_its_children_and_the_trace_fails(run_worker, tmp_path):
     pids = tmp_path / "pids"
     hang = (f"import os, subprocess, time; child = subprocess.Popen(['sleep', '300']); "
@@ -322,6 +331,7 @@ async def reporting_agent(task, base_url, api_key):
     return r.choices[0].message.content
 
 
+@pytest.mark.integration
 def test_openai_agent_function_mode_takes_the_reward_the_agent_reports(run_harness):
     """Twice, each in a fresh event loop: the worker's shared gateway starts again in the new one."""
     for k in range(2):

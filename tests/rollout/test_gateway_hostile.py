@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HI = [{"role": "user", "content": "hi"}]
 
 
+@pytest.mark.unit
 @pytest.mark.timeout(60)  # a hang guard, not a measurement (scripts/bench/tool_parser.py times it)
 def test_tool_call_parsing_of_degenerate_output():
     """Degenerate model output parses to the right answer; the old regex's backtracking took
@@ -42,6 +43,7 @@ def test_tool_call_parsing_of_degenerate_output():
     assert parse_tool_calls(nested, "s", 0) == (nested, [])
 
 
+@pytest.mark.integration
 def test_every_route_needs_the_session_key(gateway_run):
     """Without the key, with a wrong one, or another session's: 401 with OpenAI's error body, on
     the chat, models and reward routes; the reward stays unset. With it: answered."""
@@ -64,6 +66,7 @@ def test_every_route_needs_the_session_key(gateway_run):
     assert ok.status_code == 200 and session.reward == 0.5
 
 
+@pytest.mark.integration
 def test_an_oversized_or_too_deep_body_is_a_json_error(gateway_run):
     """A body over the limit is a 413 whether it states its length or streams it in chunks; JSON
     nested 100,000 deep is a 400 (json raised RecursionError: a bare 500 before)."""
@@ -87,6 +90,7 @@ def test_an_oversized_or_too_deep_body_is_a_json_error(gateway_run):
     assert deep.json()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.integration
 def test_max_tokens_is_clamped_to_the_context_and_a_prompt_that_does_not_fit_is_refused(gateway_run):
     """max_model_len 64: max_tokens=100000 generates exactly the context the prompt leaves (it was
     the engine's ValueError, a bare 500); a prompt over 64 tokens is a 400, as in vLLM's server."""
@@ -113,6 +117,7 @@ TOOL_TEMPLATE = (  # renders tools and tool calls itself (arguments as JSON), re
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
+@pytest.mark.integration
 def test_unrenderable_requests_are_400s_not_bare_500s(gateway_run, tiny_path):
     """With a chat template that renders tool calls: arguments that are not JSON, and messages the
     template refuses (raise_exception), are the request's fault: 400 with OpenAI's error body."""
@@ -161,6 +166,7 @@ async def carrying_on_agent(task, base_url, api_key):
     return r.choices[0].message.content
 
 
+@pytest.mark.integration
 def test_an_engine_failure_in_a_gateway_request_runs_the_episode_again(engine, tiny_path):
     """A RolloutWorker (plain, in this process) whose policy's first request raises EngineError:
     the agent gets a 503 `engine_unavailable` and carries on, but the harness raises the failure,
@@ -190,6 +196,7 @@ async def greedy_agent(task, base_url, api_key):
     return f"{r.usage.prompt_tokens} {r.usage.completion_tokens}"
 
 
+@pytest.mark.integration
 def test_a_rollout_worker_clamps_agents_to_its_models_context(engine, tiny_path):
     """The worker hands each Agent its policy's model.max_model_len (48 here), so an agent's
     max_tokens=100000 is clamped to the context its prompt leaves instead of failing the request."""
@@ -211,6 +218,7 @@ def test_a_rollout_worker_clamps_agents_to_its_models_context(engine, tiny_path)
     assert 0 < completion_tokens <= 48 - prompt_tokens and prompt_tokens < 48
 
 
+@pytest.mark.integration
 def test_a_gateway_bug_is_a_json_500_and_fails_the_trace_by_name(engine, tiny_tokenizer):
     """Any other exception in a request: the agent gets a JSON 500 naming it, and the harness fails
     the trace with it even though the agent carried on."""
@@ -230,6 +238,7 @@ def test_a_gateway_bug_is_a_json_500_and_fails_the_trace_by_name(engine, tiny_to
                                  agent="tests.rollout.test_gateway_hostile.carrying_on_agent"))
 
 
+@pytest.mark.integration
 def test_a_command_agent_sees_only_the_allowed_environment(run_harness, monkeypatch):
     monkeypatch.setenv("SECRET_X", "hunter2")
     monkeypatch.setenv("NAMED_Y", "1")
@@ -242,6 +251,7 @@ def test_a_command_agent_sees_only_the_allowed_environment(run_harness, monkeypa
     assert "NAMED_Y" in json.loads(result.info["answer"])  # named in harness.options.env
 
 
+@pytest.mark.integration
 def test_a_command_agent_that_floods_stdout_fails_the_trace_and_is_killed(run_harness, tmp_path):
     pid = tmp_path / "pid"
     flood = [sys.executable, "-c", f"import os, sys, time; open({str(pid)!r}, 'w').write(str(os.getpid())); "
@@ -251,6 +261,7 @@ def test_a_command_agent_that_floods_stdout_fails_the_trace_and_is_killed(run_ha
     assert not _alive(int(pid.read_text()))
 
 
+@pytest.mark.unit
 def test_a_command_agent_dies_with_its_worker(tmp_path):
     """A process running an agent command (as a worker does) is SIGKILLed: the agent dies with it
     (PR_SET_PDEATHSIG) instead of living on as an orphan."""
@@ -284,6 +295,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.integration
 def test_a_session_key_opens_only_its_own_session(engine, tiny_tokenizer):
     async def main():
         gateway = Gateway()

@@ -52,6 +52,7 @@ def scores(engine, prompt, completion, policy):
     return torch.tensor(ray.get(engine.score.remote(prompt, completion, policy), timeout=120))
 
 
+@pytest.mark.integration
 def test_adapters_match_hf_peft_and_stay_apart(lora_engine, hf_tiny, tiny_path, tiny_tokenizer):
     prompt = chat_prompt(tiny_tokenizer)
     [c] = ray.get(lora_engine.generate.remote(prompt, SamplingConfig(max_tokens=16), 0, "a"), timeout=120)
@@ -93,6 +94,7 @@ def test_adapters_match_hf_peft_and_stay_apart(lora_engine, hf_tiny, tiny_path, 
     assert info["adapter_versions"] == {"a": 1, "b": 1} and info["version"] == 0
 
 
+@pytest.mark.integration
 def test_learner_adapter_trains_alone_and_syncs_exactly(lora_engine, tiny_path, hf_tiny, tiny_tokenizer,
                                                        fixed_batch, tmp_path):
     """A LoRA learner group (2 ranks, ZeRO-2) trains only its adapter — the base weights never
@@ -156,6 +158,7 @@ def base_digest(model) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.unit
 def test_cpu_lora_ops_group_by_adapter_and_leave_tokens_without_one_alone():
     """rollout/lora_cpu.py against vLLM's own CPU ops where they agree (every token has an adapter)
     and against the definition where vLLM's do not (-1: no adapter, a zero LoRA term)."""
@@ -238,7 +241,7 @@ def exported(learners) -> dict[str, torch.Tensor]:
     return {k: v for b in buckets for k, v in load(b).items()}
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(ray_cluster, tiny_path, hf_tiny,
                                                                      fixed_batch, tmp_path):
     """Two adapter policies on one learner group (2 ranks, ZeRO-2: the base held once), each with

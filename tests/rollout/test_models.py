@@ -7,6 +7,8 @@ import pytest
 
 from rollout.models import build_tiny_model, resolve_model
 
+pytestmark = pytest.mark.unit
+
 
 def digest(folder: Path) -> str:
     h = hashlib.sha256()

@@ -5,6 +5,8 @@ import pytest
 from rollout.stats import trace_metrics
 from rollout.trace import Sequence, Trace
 
+pytestmark = pytest.mark.unit
+
 
 def trace(reward, agent_rewards=None, status="ok", n_seqs=1):
     roles = list(agent_rewards or {"solver": 0})

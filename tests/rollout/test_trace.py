@@ -8,6 +8,8 @@ import pytest
 
 from rollout.trace import Sequence, Trace, TraceError, read_jsonl, write_jsonl
 
+pytestmark = pytest.mark.unit
+
 
 def seq(**kw):
     base = dict(prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.5, -1.0],

@@ -11,6 +11,8 @@ import pytest
 from rollout.trace import Sequence, Trace
 from rollout.view import GENERATED, MASKED, PROMPT, build_view, load_decode, render_page, render_sequence
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

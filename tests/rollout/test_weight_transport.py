@@ -5,6 +5,8 @@ import torch
 
 from rollout.weight_transport import ALIGN, GroupPlan, choose_transport, device_identity, offsets
 
+pytestmark = pytest.mark.unit
+
 GPU0, GPU1 = "cuda:GPU-7f1c0d2e-0000", "cuda:GPU-9a44b1f0-0001"
 HOST_A, HOST_B = "cpu:boot-a", "cpu:boot-b"
 

@@ -1,9 +1,12 @@
 """RolloutWorker + TraceBuffer as real Ray actors against a real engine."""
 
+import pytest
 import ray
 
 from rollout.cluster import spawn_buffer
 from rollout.config import HarnessConfig
+
+pytestmark = pytest.mark.integration
 
 
 def test_failing_and_hanging_harnesses_make_failed_traces(run_worker):

@@ -12,7 +12,7 @@ from rollout.trace import read_jsonl
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_generate_script_writes_multi_agent_traces(tmp_path):
     out = tmp_path / "traces.jsonl"
     proc = subprocess.run(
@@ -33,6 +33,7 @@ def test_generate_script_writes_multi_agent_traces(tmp_path):
     assert summary["rollout/agents_per_trace"] == 2.0 and summary["rollout/sequences_per_trace"] == 3.0
 
 
+@pytest.mark.unit
 def test_generate_bad_config_fails_before_ray_starts():
     proc = subprocess.run([sys.executable, "scripts/generate.py", "harness=solver_verifier", "~agents.verifier"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)

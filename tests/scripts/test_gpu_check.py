@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +36,7 @@ def stand_in_python(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.integration
 def test_env_and_transport_stages_on_cpu(tmp_path):
     out = tmp_path / "out"
     run = gpu_check(out, STAGES="env,transport", PYTHON=sys.executable)
@@ -55,6 +57,7 @@ def test_env_and_transport_stages_on_cpu(tmp_path):
     assert run.returncode == 0
 
 
+@pytest.mark.unit
 def test_a_failing_stage_is_recorded_with_its_log_and_no_stack_skips_the_stack(tmp_path):
     """An interpreter that fails everything: the transport stage fails (its log's tail in the
     summary); the stack stage finds no vllm/ray/deepspeed to import and is skipped, saying why."""
@@ -71,6 +74,7 @@ def test_a_failing_stage_is_recorded_with_its_log_and_no_stack_skips_the_stack(t
     assert summary(out)["verdict"]["not_ok"] == ["transport"] and run.returncode == 1
 
 
+@pytest.mark.unit
 def test_a_stage_past_its_deadline_is_ended_with_what_it_started(tmp_path):
     """The transport stage never finishes and starts a process in a session of its own (as Ray's
     daemons may): the stage is ended at its deadline, that process too; the stack stage after it
@@ -89,6 +93,7 @@ def test_a_stage_past_its_deadline_is_ended_with_what_it_started(tmp_path):
     assert run.returncode == 1
 
 
+@pytest.mark.unit
 def test_an_unknown_stage_fails_naming_it_before_anything_runs(tmp_path):
     out = tmp_path / "out"
     run = gpu_check(out, STAGES="env,bogus", PYTHON=sys.executable)

@@ -88,7 +88,7 @@ def wait_for_dashboard(url: str, token: str, timeout_s: float = 120.0) -> None:
             time.sleep(1)  # an external process coming up: nothing to block on
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_submit_to_two_node_cluster(tmp_path):
     # Ray's token auth on, explicitly: `ray start` alone turns it on only where a token exists
     env = {**os.environ, "RAY_AUTH_MODE": "token", "PYTHON": sys.executable}
@@ -194,6 +194,7 @@ def ray_job(args: list[str], url: str, env: dict) -> subprocess.CompletedProcess
 PRINT_ONE = ["submit", "--", sys.executable, "-c", "print('job', 'ran')"]  # prints 'job ran'
 
 
+@pytest.mark.e2e
 def test_ray_start_head_refuses_jobs_without_the_token(tmp_path):
     head_env = fresh_machine(tmp_path / "head")
     head, url, short = start_head(["bash", str(ROOT / "scripts/ray_start.sh")], head_env, tmp_path)
@@ -229,6 +230,7 @@ def test_ray_start_head_refuses_jobs_without_the_token(tmp_path):
         shutil.rmtree(short, ignore_errors=True)
 
 
+@pytest.mark.e2e
 def test_submit_refuses_a_head_without_auth(tmp_path):
     env = fresh_machine(tmp_path / "home")
     # what the README used to say: plain `ray start --head` on a machine without a token
@@ -246,6 +248,7 @@ def test_submit_refuses_a_head_without_auth(tmp_path):
         shutil.rmtree(short, ignore_errors=True)
 
 
+@pytest.mark.unit
 def test_ray_start_needs_the_token_on_other_nodes(tmp_path):
     """A node joining a cluster stops with a message, before `ray start`, when it has no token."""
     env = fresh_machine(tmp_path / "home")

@@ -15,7 +15,7 @@ def train(*args, timeout=900):
                           timeout=timeout)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_smoke_experiment_learns_in_sync_mode(tmp_path):
     proc = train("experiment=smoke", f"run_dir={tmp_path}", "trainer.rollouts_every=10")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,6 +55,7 @@ def test_smoke_experiment_learns_in_sync_mode(tmp_path):
     assert (tmp_path / "checkpoints/step_000020/main/hf/model.safetensors").exists()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("override, message", [
     ("learner.lr=oops", "learner.lr"),
     ("trainer.lr=oops", "Could not override 'trainer.lr'"),
@@ -67,6 +68,7 @@ def test_bad_config_fails_at_start_naming_the_key(override, message):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.unit
 def test_bad_combination_fails_before_ray_starts():
     proc = train("sampling.top_p=0.9", timeout=120)
     assert proc.returncode == 2

@@ -87,6 +87,7 @@ class Refs(HTMLParser):
         self.refs += [v or "" for k, v in attrs if k in ("src", "href", "srcset", "action", "poster", "data")]
 
 
+@pytest.mark.unit
 def test_netlog_sees_a_pages_external_requests(tmp_path):
     """The control for the check below: a page that does load something from outside is caught."""
     page = tmp_path / "leaky.html"
@@ -96,6 +97,7 @@ def test_netlog_sees_a_pages_external_requests(tmp_path):
     assert sorted(set(urls)) == ["http://127.0.0.1:9/probe.png", "https://example.invalid/bg.png"]
 
 
+@pytest.mark.integration
 def test_page_of_a_real_rollout(traces_file, tmp_path):
     """The page shows the real traces, is self-contained, and renders in a browser.
 
@@ -146,6 +148,7 @@ def test_page_of_a_real_rollout(traces_file, tmp_path):
         assert colours.get(rgb, 0) > 200, f"no {kind} token background {rgb} in the screenshot"
 
 
+@pytest.mark.integration
 def test_errors_name_the_fix(tmp_path, traces_file):
     missing = view_traces(str(tmp_path / "nope.jsonl"), "--model", "tiny")
     assert missing.returncode == 2 and "does not exist" in missing.stderr

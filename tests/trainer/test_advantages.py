@@ -13,6 +13,8 @@ from rollout.trace import Sequence, Trace
 from trainer.advantages import (AdvantageConfig, advantage_stats, batch_mean, compute_advantages,
                                 grpo, rloo, uniform)
 
+pytestmark = pytest.mark.unit
+
 
 def seq(agent="solver", **kw):
     base = dict(prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.1], agent=agent,

@@ -18,6 +18,7 @@ def names(paths):
     return [p.name for p in paths]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("damage", ['{"step": 4, "vers', '{"versions": {"main": 4}}', "\x00\x00"])
 def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, damage, capsys):
     for step in (2, 4):
@@ -38,6 +39,7 @@ def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, d
         check_run_dir(cfg(2))
 
 
+@pytest.mark.unit
 def test_after_a_fallback_resume_the_checkpoint_just_written_is_kept(tmp_path):
     """Step 4 did not load, the run resumed from step 2 and saved step 3: with keep_last=1 the
     save of step 3 is the one kept (ranked by name it was below step 4 and deleted)."""
@@ -58,6 +60,7 @@ def test_after_a_fallback_resume_the_checkpoint_just_written_is_kept(tmp_path):
     assert names(checkpoint.prune(tmp_path, keep_last=2, step=4)) == []
 
 
+@pytest.mark.unit
 def test_checkpoints_rank_by_step_past_999999_and_stale_partials_go_at_the_next_save(tmp_path):
     for step in (999_998, 999_999):
         fake_checkpoint(tmp_path, step)
@@ -79,6 +82,7 @@ class RunsCode:
         return open, (self.marker, "w")
 
 
+@pytest.mark.unit
 def test_a_torch_file_holding_an_object_that_runs_code_is_refused(tmp_path):
     marker = tmp_path / "ran"
     good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
@@ -92,6 +96,7 @@ def test_a_torch_file_holding_an_object_that_runs_code_is_refused(tmp_path):
 
 # ---- the HF folder of a checkpoint: shards, written by learner rank 0 --------------------------
 
+@pytest.mark.unit
 def test_shards_are_planned_as_transformers_does():
     from trainer.hf_folder import plan_shards, shard_files
 
@@ -102,6 +107,7 @@ def test_shards_are_planned_as_transformers_does():
     assert shard_files(3) == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
 
 
+@pytest.mark.unit
 def test_the_writer_holds_one_shard_at_a_time_and_names_the_weights_dtype(tmp_path, tiny_path):
     """Each shard is built only once the one before is written and dropped (rank 0 never holds two);
     the index maps every tensor to its file; config.json says the weights' dtype (bf16 here, the base
@@ -150,6 +156,7 @@ def driver_peak(call) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.integration
 def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_weights(
         ray_cluster, tiny_path, tiny_tokenizer, fixed_batch, engine_cfg, tmp_path):
     """ZeRO-3 over 2 ranks, the HF folder in 300 kB shards (an index and several files): the driver
@@ -200,7 +207,7 @@ def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_w
     assert (served - learner_lp).abs().max() < 1e-3
 
 
-@pytest.mark.slow  # a bf16 learner and a bf16 engine
+@pytest.mark.integration
 def test_a_bf16_model_is_exported_and_saved_in_bf16(ray_cluster, tiny_path, tiny_tokenizer, fixed_batch,
                                                      engine_cfg, tmp_path):
     """bf16 stays bf16: the weight snapshot (export_weights: what the object store carries and a

@@ -20,6 +20,7 @@ from trainer.loop import check_failures, train
 from trainer.run_dir import check_run_dir, start_run_dir
 
 
+@pytest.mark.unit
 def test_a_save_cut_short_is_never_resumed_from_and_prune_keeps_the_newest(tmp_path):
     for step in (2, 4, 6):
         fake_checkpoint(tmp_path, step)
@@ -32,6 +33,7 @@ def test_a_save_cut_short_is_never_resumed_from_and_prune_keeps_the_newest(tmp_p
     assert not checkpoint.partial_dir(tmp_path, 8).exists()
 
 
+@pytest.mark.unit
 def test_rollouts_kept_with_a_checkpoint_come_back_by_group_and_a_damaged_one_is_named(tmp_path):
     def trace(group, i, reward):
         return Trace(f"{group}-{i}", group, [Sequence([1, 2], [3], [-0.5], "solver", "main", 1)], reward=reward)
@@ -47,6 +49,7 @@ def test_rollouts_kept_with_a_checkpoint_come_back_by_group_and_a_damaged_one_is
         checkpoint.load_rollouts(checkpoint.step_dir(tmp_path, 2))
 
 
+@pytest.mark.unit
 def test_a_reused_run_dir_is_refused_unless_resumed_or_overwritten(tmp_path):
     def cfg(*overrides):
         return compose("train", ["experiment=smoke", f"run_dir={tmp_path}", "trainer.steps=4", *overrides])
@@ -72,6 +75,7 @@ def test_a_reused_run_dir_is_refused_unless_resumed_or_overwritten(tmp_path):
     assert checkpoint.latest(tmp_path) is None
 
 
+@pytest.mark.unit
 def test_too_many_failed_traces_stop_with_the_commonest_errors():
     def trace(i, error=None):
         return Trace(f"t{i}", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=0.0,
@@ -94,6 +98,7 @@ class RunsCode:
         return open, (self.marker, "w")
 
 
+@pytest.mark.e2e
 def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank_is_named(
         ray_cluster, tiny_path, fixed_batch, tmp_path):
     """ZeRO-2: DeepSpeed's optimizer file holds its own classes, which the weights-only load allows;
@@ -137,6 +142,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank
         group.shutdown()
 
 
+@pytest.mark.e2e
 def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path):
     cfg = compose("train", ["experiment=smoke", f"run_dir={tmp_path}", "trainer.steps=3", "eval.size=0",
                             "harness._target_=tests.rollout.flaky_harnesses.broken", "harness.name=broken"])
@@ -146,6 +152,7 @@ def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path)
     assert not (tmp_path / "checkpoints").exists(), "nothing was trained"
 
 
+@pytest.mark.e2e
 def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_cluster, tmp_path):
     """SIGKILL of the trained policy's engine in step 2 and of the rollout worker in step 3, SIGSTOP
     of the frozen policy's engine in step 4, SIGKILL of both engines half a second apart in step 5

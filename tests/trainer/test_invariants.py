@@ -14,6 +14,8 @@ from trainer.losses import LossConfig, microbatch_loss
 from tests.conftest import hf_logprobs
 from trainer.packing import Normalization, build_rows, pack, packing_stats, share_prefixes, token_weights
 
+pytestmark = pytest.mark.unit
+
 
 def seq(model, prompt, completion, agent="solver", policy="main", trainable=True, parent=None):
     return Sequence(prompt, completion, hf_logprobs(model, prompt, completion).tolist(), agent, policy, 0,

@@ -9,8 +9,10 @@ from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig, microbatch_loss
 
+pytestmark = pytest.mark.integration
 
-@pytest.fixture(scope="module", params=[0, 2, pytest.param(3, marks=pytest.mark.slow)],
+
+@pytest.fixture(scope="module", params=[0, 2, 3],
                 ids=["zero0", "zero2", "zero3"])
 def group(request, ray_cluster, tiny_path):
     cfg = LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=request.param, lr=1e-4, grad_clip=0.0)
@@ -70,7 +72,6 @@ def test_export_equals_consolidated_state(group, tmp_path):
         assert torch.equal(t, consolidated[name].float()), name
 
 
-@pytest.mark.slow  # two learner groups
 def test_save_load_step_matches_uninterrupted(ray_cluster, tiny_path, fixed_batch, tmp_path):
     from safetensors.torch import load
 
@@ -104,7 +105,6 @@ def test_save_load_step_matches_uninterrupted(ray_cluster, tiny_path, fixed_batc
         assert torch.equal(t, resumed[name]), name
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("world_size, zero_stage", [(2, 2), (1, 0)])
 def test_steps_equal_single_process_sgd_whatever_their_micro_batch_counts(ray_cluster, tiny_path, fixed_batch,
                                                                           world_size, zero_stage):
@@ -143,7 +143,6 @@ def test_steps_equal_single_process_sgd_whatever_their_micro_batch_counts(ray_cl
     assert delta < 1e-6 * max(1.0, moved) * 100, (delta, moved)
 
 
-@pytest.mark.slow
 def test_bf16_zero2_trains_and_ranks_agree(ray_cluster, tiny_path, fixed_batch):
     batches = fixed_batch
     g = LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, lr=1e-4), LossConfig(),

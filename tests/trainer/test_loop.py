@@ -37,6 +37,7 @@ def eval_trace(question, reward, failed=False):
                  info={"question": question})
 
 
+@pytest.mark.unit
 def test_eval_summary_counts_failures_apart_from_wrong_answers_and_is_strict_json():
     initial = [eval_trace("a", 0.0), eval_trace("b", 0.0, failed=True), eval_trace("c", 1.0)]
     final = [eval_trace("a", 1.0), eval_trace("b", 0.0, failed=True), eval_trace("c", 0.0, failed=True)]
@@ -50,7 +51,7 @@ def test_eval_summary_counts_failures_apart_from_wrong_answers_and_is_strict_jso
     json.dumps({**s, **none}, allow_nan=False)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cluster, tmp_path):
     """20 async steps; then a run resumed from the step-10 checkpoint, SIGKILLed in step 12 and
     resumed again, trains exactly what this one trained in steps 11 and 12, whose rollouts were
@@ -98,7 +99,7 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
         assert after[step]["train/main/trained_tokens"] == before[step]["train/main/trained_tokens"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_selfplay_against_a_frozen_player_trains_on_per_agent_rewards(ray_cluster, tmp_path):
     """A multi-agent run through the real loop: selfplay with player_b frozen (its own engine),
     zero-sum per-agent rewards, per-role GRPO baselines."""

@@ -2,9 +2,12 @@
 
 import math
 
+import pytest
 import torch
 
 from trainer.losses import LossConfig, policy_loss, token_logprobs
+
+pytestmark = pytest.mark.unit
 
 
 def one_token(logp, old, adv, ref=None, cfg=LossConfig(kl_coef=0.0)):

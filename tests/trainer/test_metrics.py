@@ -9,6 +9,8 @@ from rollout.trace import Sequence, Trace
 from trainer.metrics import (RunLogger, advantage_metrics, paired_comparison, rollout_split, step_totals,
                              trace_table, train_metrics)
 
+pytestmark = pytest.mark.unit
+
 
 def decode(ids):
     return " ".join(f"<{i}>" for i in ids)

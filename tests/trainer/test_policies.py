@@ -25,6 +25,8 @@ from trainer.config import compose, validate
 from trainer.loop import train
 from trainer.policy import TrainedPolicy, trained_policies
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 TWO_POLICIES = ["experiment=smoke", "harness=solver_verifier", "agents.solver=main", "agents.verifier=critic",
                 "+policies.critic.trainable=true", "learner.world_size=1", "eval.size=0"]
@@ -43,7 +45,6 @@ def scores(engine, seq, policy=None) -> torch.Tensor:
     return torch.tensor(ray.get(engine.score.remote(seq.prompt_ids, seq.completion_ids, policy), timeout=60))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
     """Full policies each have their own engine; LoRA policies are two adapters of one base,
@@ -108,7 +109,6 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
         assert torch.equal(scores(frozen_engine, probe["solver_p"], "frozen"), frozen_before)
 
 
-@pytest.mark.slow
 def test_two_policies_async_stay_within_the_bound_of_their_own_clock(ray_cluster, tmp_path):
     summary = train(compose("train", [*TWO_POLICIES, f"run_dir={tmp_path}", "trainer.max_staleness=1",
                                       "trainer.steps=5", "trainer.groups_per_step=2"]))
@@ -124,7 +124,6 @@ def test_two_policies_async_stay_within_the_bound_of_their_own_clock(ray_cluster
         assert m["train/trained_tokens"] == m.get("train/main/trained_tokens", 0) + m.get("train/critic/trained_tokens", 0)
 
 
-@pytest.mark.slow
 def test_resume_with_two_policies_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):
     """scripts/train.py SIGKILLed in step 3 (after its step-2 checkpoint), then the same command
     with trainer.resume=auto: the run ends where the uninterrupted one does, step by step."""

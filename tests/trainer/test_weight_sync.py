@@ -5,8 +5,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollout.cluster import spawn_engines
-from rollout.config import ModelConfig, SamplingConfig
+from rollout.config import SamplingConfig
 from rollout.models import resolve_model
 from tests.conftest import chat_prompt, hf_logprobs
 from trainer import checkpoint
@@ -14,6 +13,8 @@ from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
 from trainer.weight_sync import CollectiveSync, ObjectStoreSync
+
+pytestmark = pytest.mark.integration
 
 
 def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny, tiny_tokenizer, fixed_batch,
@@ -57,8 +58,8 @@ def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny
 
 
 @pytest.mark.parametrize("model,zero,transport", [("tiny", 0, "ipc"), ("tiny_tied", 3, "gloo")])
-def test_collective_sync_engine_matches_learner(model, zero, transport, engine, engine_cfg, hf_tiny, tiny_tokenizer,
-                                                fixed_batch):
+def test_collective_sync_engine_matches_learner(model, zero, transport, engine, hf_tiny, tiny_tokenizer, fixed_batch,
+                                                request):
     """CollectiveSync (learner rank 0 -> engine worker, straight into the parameters) over a gloo
     group, and over the ipc protocol a GPU shares with its engines (here through POSIX shared
     memory: the same staging buffers, announcements and acks; only the handle differs): after
@@ -66,8 +67,7 @@ def test_collective_sync_engine_matches_learner(model, zero, transport, engine, 
     included, and serves the pushed version; the group carries several pushes."""
     prompt = chat_prompt(tiny_tokenizer)
     path = resolve_model(model)
-    eng = engine if model == "tiny" else spawn_engines(
-        {"main": (path, ModelConfig(name=model), engine_cfg)})["main"][0]
+    eng = engine if model == "tiny" else request.getfixturevalue("tied_engine")
     learners = LearnerGroup(path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=zero, lr=3e-3), LossConfig())
     try:
         [c] = ray.get(eng.generate.remote(prompt, SamplingConfig(max_tokens=16)), timeout=120)
@@ -90,15 +90,12 @@ def test_collective_sync_engine_matches_learner(model, zero, transport, engine, 
             assert c2.version == version
     finally:
         learners.shutdown()
-        if eng is engine:  # the shared engine goes back to the original weights for other tests
-            from safetensors.torch import save
+        # the shared engines go back to the original weights for other tests
+        from safetensors.torch import save
 
-            ray.get(engine.update_weights.remote(
-                ray.get(engine.info.remote())["version"] + 1,
-                [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})]))
-        else:
-            ray.get(eng.shutdown.remote())
-            ray.kill(eng)
+        original = hf_tiny if eng is engine else AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        ray.get(eng.update_weights.remote(ray.get(eng.info.remote())["version"] + 1,
+                                          [save({k: v.detach().contiguous() for k, v in original.named_parameters()})]))
 
 
 def test_a_group_that_cannot_carry_pushes_rests_instead_of_reopening_every_push(engine, tiny_path, hf_tiny,

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export TRACERL_CACHE ?= $(HOME)/.cache/tracerl
 export WANDB_MODE ?= offline
 
-.PHONY: setup test test-fast train smoke bench gpu-check clean
+.PHONY: setup test test-fast train smoke bench bench-quick gpu-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -32,6 +32,11 @@ bench: setup
 	$(PY) scripts/bench/learner.py
 	$(PY) scripts/bench/bf16.py
 	$(PY) scripts/bench/e2e.py
+
+# Every bench once with --quick (tiny model, a few iterations; ~4 minutes on 2 cores): each one's JSON line.
+bench-quick: setup
+	@log=$$(mktemp); for b in scripts/bench/*.py; do echo "== $$b --quick"; \
+	  $(PY) $$b --quick > $$log 2>&1 || { tail -40 $$log; rm -f $$log; exit 1; }; tail -1 $$log; done; rm -f $$log
 
 # The GPU readiness check (scripts/gpu_check.sh): no setup first, its transport stage needs only torch.
 gpu-check:

@@ -1,13 +1,14 @@
 """Benchmark bf16 against fp32 on this CPU, both sides of training, in one run.
 
-    python scripts/bench/bf16.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64]
+    python scripts/bench/bf16.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--quick]
 
 (engine)  vLLM alone generating the same chat-templated prompts (ignore_eos, so every
           completion has max_tokens): generated tok/s with model.dtype float32 vs bfloat16.
 (learner) one DeepSpeed rank with both cores, ZeRO-0, as `make train` runs it: trained
           tok/s of one optimizer step on the same micro-batches, fp32 vs bf16 (bf16
           compute and weights, fp32 master weights and optimizer in DeepSpeed).
-Each side is warmed up, then the best of `--rounds` counts. The last line is one JSON object.
+Each side is warmed up, then the best of `--rounds` counts. `--quick`: the tiny model, 4 prompts of
+8 tokens, 2 rows, one round (the test suite's run). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ import time
 
 import torch
 
-from learner import batches_for, conversation_trace  # scripts/bench/learner.py: Python puts a script's folder first
-from rollout_path import bench_vllm  # scripts/bench/rollout_path.py
-
+from rollout.baseline import bench_vllm
 from rollout.client import ChatFormat
 from rollout.cluster import start_ray
 from rollout.config import RayConfig, make_task_source
 from rollout.models import resolve_model
+from trainer.baseline import batches_for, conversation_trace
 from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
@@ -83,9 +83,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--budget", type=int, default=1024, help="padded tokens per micro-batch")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="tiny, 4 prompts x 8 tokens, 2 rows, one round")
     args = ap.parse_args()
+    if args.quick:
+        args.model, args.prompts, args.max_tokens, args.rows, args.rounds = "tiny", 4, 8, 2, 1
     torch.manual_seed(0)
-    result = {"bench": "bf16", "model": args.model, "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
+    result = {"bench": "bf16", "quick": args.quick, "model": args.model, "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
               "engine": engine_side(args.model, args.prompts, args.max_tokens, args.rounds),
               "learner": learner_side(args.model, args.rows, args.rounds, args.budget)}
     print(json.dumps(result))

@@ -5,6 +5,7 @@ against its speed of light.
     python scripts/bench/e2e.py [--steps 12] [overrides ...]                 # sync vs async (max_staleness 0 vs 1)
     python scripts/bench/e2e.py --compare policies [--steps 6] [overrides ...]  # one trained policy vs two
     python scripts/bench/e2e.py --compare lora [--steps 6] [overrides ...]      # two full policies vs two adapters
+    python scripts/bench/e2e.py --quick [--compare ...] [overrides ...]  # the test suite's run: both modes, tiny
 
 `--compare staleness` (default overrides: experiment=smoke) trains synchronously and with
 max_staleness=1. `--compare policies` (default: experiment=smoke harness=solver_verifier) trains
@@ -19,9 +20,11 @@ how idle each side was — the learners (1 - train seconds / loop seconds) and t
 keeps the last step's rollout traces and, once the run has ended, measures on the same machine
 what that step's work costs with nothing else in the way: vLLM alone generating the same tokens
 (every sequence of the step at once, each to its own length, on engines with the run's settings),
-the plain torch loop (scripts/bench/learner.py's) training the same packed rows, and a memory copy
+the plain torch loop (trainer/baseline.py's) training the same packed rows, and a memory copy
 of the trained weights. It prints the step's seconds over their sum and where the rest went
-(rollout wait, train, sync, the loop's own). The last output line is one JSON object.
+(rollout wait, train, sync, the loop's own). `--quick`: the comparison with 2 steps per variant,
+then the speed of light of the tiny model after 1 step, in one JSON object (`speed_of_light`).
+The last output line is one JSON object.
 """
 
 from __future__ import annotations
@@ -40,11 +43,10 @@ from rollout.config import RayConfig, SamplingConfig
 from rollout.models import resolve_model
 from rollout.trace import read_jsonl
 from trainer.advantages import compute_advantages
+from trainer.baseline import PlainLoop, memcpy_s
 from trainer.config import compose
 from trainer.loop import train
 from trainer.policy import micro_batches
-
-from learner import PlainLoop, memcpy_s  # scripts/bench/learner.py: Python puts a script's folder first
 
 VARIANTS = {  # name -> (default overrides, {variant: its overrides})
     "staleness": (["experiment=smoke"], {"sync": ["trainer.max_staleness=0"], "async": ["trainer.max_staleness=1"]}),
@@ -105,7 +107,7 @@ def engines_alone_s(cfg, traces) -> float:
 
 
 def plain_train_s(cfg, traces) -> tuple[float, int]:
-    """Seconds of the plain torch loop (scripts/bench/learner.py::PlainLoop) over the micro-batches
+    """Seconds of the plain torch loop (trainer/baseline.py::PlainLoop) over the micro-batches
     each trained policy's learners got from `traces` (the best of two, after a warm-up), and the
     trained weights' bytes."""
     a, total, nbytes = cfg.algorithm, 0.0, 0
@@ -168,12 +170,15 @@ def main() -> None:
     ap.add_argument("--model", help="the speed of light of `make train`'s config with this model")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; 3 with --model)")
     ap.add_argument("overrides", nargs="*", help="hydra overrides for both variants")
+    ap.add_argument("--quick", action="store_true", help="the comparison (2 steps) and the tiny model's speed of light")
     args = ap.parse_args()
+    if args.quick:
+        args.model, args.steps = None, 2
     if args.model:
         start_ray(RayConfig(num_cpus=4))
         result = speed_of_light(args.model, args.overrides, args.steps or 3)
         ray.shutdown()
-        print(json.dumps({"bench": "e2e", "compare": "speed_of_light", **result}))
+        print(json.dumps({"bench": "e2e", "quick": False, "compare": "speed_of_light", **result}))
         return
     args.steps = args.steps or 12
     defaults, variants = VARIANTS[args.compare]
@@ -183,9 +188,11 @@ def main() -> None:
     for name, extra in variants.items():
         results[name] = run_variant(name, [*overrides, *extra], args.steps)
         print(name, results[name], flush=True)
+    light = speed_of_light("tiny", [], 1) if args.quick else None
     ray.shutdown()
     first, second = results.values()
-    print(json.dumps({"bench": "e2e", "compare": args.compare, "overrides": overrides, **results,
+    print(json.dumps({"bench": "e2e", "quick": args.quick, "compare": args.compare, "overrides": overrides, **results,
+                      **({"speed_of_light": light} if light else {}),
                       "tokens_per_s_ratio": round(second["trained_tokens_per_s"] / first["trained_tokens_per_s"], 3),
                       "s_per_step_ratio": round(second["s_per_step"] / first["s_per_step"], 3),
                       "wall_s": round(time.time() - t0, 1)}))

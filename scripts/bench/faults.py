@@ -1,6 +1,7 @@
 """What each fault costs a run: the same short run without a fault and with one fault at a time.
 
     python scripts/bench/faults.py [--steps 5] [--faults engine_killed,worker_killed,...]
+                                   [--cores process,thread] [--quick]
 
 The run is the fault test's (tests/trainer/test_faults.py): the smoke experiment with
 solver_verifier, the verifier on a frozen engine, 64 traces per step, a 2 s health check. Each
@@ -10,7 +11,10 @@ half a second apart, of the rollout worker; SIGSTOP of an engine (alive, never a
 watchdog must find it). For each: did the run finish, how many traces it trained of those it
 should have, how many failed, the restarts, the requests sent again and the episodes run
 again, and the extra wall time over the fault-free run of the same bench (measured side by
-side; this box is shared and noisy).
+side; this box is shared and noisy). `--cores process,thread`: every run once per engine core mode
+(`engine.core=...`), the cores taking turns run by run, the extra wall time against the same
+core's fault-free run (`extra_wall_s`: core -> fault -> s). `--quick`: 2 steps, engine_killed
+only (the test suite's run).
 The last output line is one JSON object.
 """
 
@@ -42,11 +46,14 @@ FAULTS = {  # name -> [(actor name prefix, the actor method that answers its pid
     "engine_hung": [("tracerl-engine-main-0-", "info", "suspend")],
     "worker_killed": [("tracerl-worker-0-", "stats", "kill")],
 }
+DEFAULT = "default"  # the engine core mode the config picks (no engine.core override)
 
 
-def run(fault: str, steps: int) -> dict:
+def run(fault: str, steps: int, core: str) -> dict:
+    """One run with `fault` (none: fault-free) on engines of `core` (DEFAULT: the config's)."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-faults-{fault}-"))
-    cfg = compose("train", [*RUN, f"run_dir={run_dir}", f"trainer.steps={steps}"])
+    cfg = compose("train", [*RUN, f"run_dir={run_dir}", f"trainer.steps={steps}",
+                            *([] if core == DEFAULT else [f"engine.core={core}"])])
     plan = [(1, *hit) for hit in FAULTS[fault]]
     t0 = time.perf_counter()
     try:
@@ -61,7 +68,7 @@ def run(fault: str, steps: int) -> dict:
     rows = [r for r in rows if "rollout/traces" in r]
     expected = steps * cfg.trainer.groups_per_step * cfg.rollout.group_size
     ok = sum(r["rollout/traces"] - r["rollout/failed"] for r in rows)
-    return {"fault": fault, "injected": len(injector.injected) == len(plan), "injector_errors": injector.errors, "survived": error is None,
+    return {"fault": fault, "core": core, "injected": len(injector.injected) == len(plan), "injector_errors": injector.errors, "survived": error is None,
             "error": error, "steps_done": len(rows), "traces_expected": expected, "traces_trained_ok": ok,
             "traces_lost": expected - ok, "failed": sum(r["rollout/failed"] for r in rows),
             "retried": sum(r["rollout/retried"] for r in rows), "resent": sum(r.get("rollout/resent", 0) for r in rows),
@@ -74,22 +81,31 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--faults", default=",".join(f for f in FAULTS if f != "none"),
                     help=f"comma-separated, of {sorted(FAULTS)}")
+    ap.add_argument("--cores", default=DEFAULT, help="comma-separated engine.core values, e.g. process,thread")
+    ap.add_argument("--quick", action="store_true", help="2 steps, engine_killed only")
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.faults = 2, "engine_killed"
     names = ["none", *[f for f in args.faults.split(",") if f != "none"]]
     unknown = sorted(set(names) - set(FAULTS))
     if unknown:
         raise SystemExit(f"--faults: unknown {unknown}; choose from {sorted(FAULTS)}")
+    cores = args.cores.split(",")
     start_ray(RayConfig(num_cpus=4))
-    t0, results = time.time(), {}
-    for name in names:
-        results[name] = run(name, args.steps)
-        print(results[name], flush=True)
+    t0, results = time.time(), {c: {} for c in cores}
+    for i, name in enumerate(names):
+        for core in cores if i % 2 == 0 else cores[::-1]:  # side by side: the box's drift hits every core
+            results[core][name] = run(name, args.steps, core)
+            print(results[core][name], flush=True)
     ray.shutdown()
-    base = results["none"]["wall_s"]
-    for r in results.values():
-        r["extra_wall_s"] = round(r["wall_s"] - base, 1)
-    print(json.dumps({"bench": "faults", "steps": args.steps, "overrides": RUN, "runs": list(results.values()),
-                      "traces_lost_total": sum(r["traces_lost"] for r in results.values()),
+    extra = {core: {name: round(r["wall_s"] - rows["none"]["wall_s"], 1) for name, r in rows.items()}
+             for core, rows in results.items()}
+    for core, rows in results.items():
+        for name, r in rows.items():
+            r["extra_wall_s"] = extra[core][name]
+    runs = [r for rows in results.values() for r in rows.values()]
+    print(json.dumps({"bench": "faults", "quick": args.quick, "steps": args.steps, "cores": cores, "overrides": RUN,
+                      "runs": runs, "extra_wall_s": extra, "traces_lost_total": sum(r["traces_lost"] for r in runs),
                       "wall_s": round(time.time() - t0, 1)}))
 
 

@@ -1,6 +1,6 @@
 """Benchmark the learner side, each comparison measured side by side in one run.
 
-    python scripts/bench/learner.py [--models tiny,smollm2_135m] [--sections a,b,c]
+    python scripts/bench/learner.py [--models tiny,smollm2_135m] [--sections a,b,c] [--quick]
 
 (a) trained tokens/s: LearnerGroup (2 DeepSpeed ranks on Ray, ZeRO-2; and 1 rank with
     both cores, ZeRO-0, as `make train` runs it: a_throughput_ws1) vs a plain
@@ -18,6 +18,7 @@
 (e) the loss over the trained tokens only (the output head and its softmax at those
     positions) vs over every position, the plain loop, rows shaped like the single_turn
     run's (a chat prompt of ~64 tokens, 24 generated); the two take turns step by step.
+`--quick`: the tiny model, every section, 2 rows, one step or sync each (the test suite's run).
 The last output line is one JSON object.
 """
 
@@ -29,7 +30,6 @@ import random
 import time
 from contextlib import ExitStack
 
-import numpy as np
 import ray
 import torch
 
@@ -38,32 +38,13 @@ from rollout.cluster import start_ray
 from rollout.config import RayConfig
 from rollout.fleet import RolloutFleet
 from rollout.models import resolve_model
-from rollout.trace import Sequence, Trace
+from trainer.baseline import PlainLoop, batches_for, conversation_trace, memcpy_s
 from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig, microbatch_loss
-from trainer.packing import build_rows, pack, packing_stats, token_weights
+from trainer.packing import packing_stats
 from trainer.policy import TrainedPolicy, trained_policies
-
-
-def conversation_trace(fmt: ChatFormat, vocab: int, turns: int, gen: int, obs: int, rng: random.Random,
-                       tid: str, question: str = "Solve the task step by step.") -> Trace:
-    """One agent's multi-turn conversation: `turns` sequences, each extending the last exactly."""
-    prompt = fmt.render([{"role": "user", "content": question}])
-    seqs = []
-    for k in range(turns):
-        completion = [rng.randrange(10, vocab) for _ in range(gen)]
-        seqs.append(Sequence(prompt, completion, [-1.0] * gen, "solver", "main", 0, parent=k - 1 if k else None))
-        prompt = prompt + completion + [rng.randrange(10, vocab) for _ in range(obs)]
-    return Trace(tid, "g", seqs, reward=1.0)
-
-
-def batches_for(traces: list[Trace], merge: bool, budget: int):
-    advs = [[0.5] * len(t.sequences) for t in traces]
-    rows = build_rows(traces, advs, token_weights(traces, "token"), merge=merge)
-    mbs = pack(rows, budget)
-    return rows, mbs
 
 
 def fwd_bwd_seconds(model, mbs) -> float:
@@ -72,29 +53,6 @@ def fwd_bwd_seconds(model, mbs) -> float:
         microbatch_loss(model, mb, LossConfig())[0].backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - t0
-
-
-class PlainLoop:
-    """A single-process torch forward + backward + AdamW loop: what the learner is measured against."""
-
-    def __init__(self, path: str, threads: int):
-        from transformers import AutoModelForCausalLM
-
-        torch.set_num_threads(threads)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
-
-    def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
-
-    def step(self, mbs, only_trained: bool = True) -> float:
-        """Seconds of one optimizer step over `mbs`, timed inside this process."""
-        t0 = time.perf_counter()
-        for mb in mbs:
-            microbatch_loss(self.model, mb, LossConfig(), only_trained=only_trained)[0].backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - t0
 
 
 def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) -> dict:
@@ -163,18 +121,7 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
     return out
 
 
-def memcpy_s(nbytes: int, rounds: int = 3) -> float:
-    """Seconds of a plain in-memory copy of `nbytes` (best of `rounds`): a weight sync's floor."""
-    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-    copies = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        src.copy()
-        copies.append(time.perf_counter() - t0)
-    return min(copies)
-
-
-def section_c(model_name: str, rounds: int = 3) -> dict:
+def section_c(model_name: str, rounds: int) -> dict:
     """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners, and each
     sync method side by side (the collective one after its previous snapshot export finished, as in
     the loop, where the export overlaps the next rollout)."""
@@ -226,7 +173,7 @@ def section_e(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
 LORA = ["+policies.a.lora.rank=16", "+policies.b.lora.rank=16"]
 
 
-def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int = 3) -> dict:
+def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int) -> dict:
     """The loop's own pieces, LoRA against full weights, the same model and settings."""
     base = [f"model={model_name}", "harness=solver_verifier", "agents.solver=a", "agents.verifier=b",
             "+policies.a.trainable=true", "+policies.b.trainable=true", "engine.kv_cache_gb=0.5",
@@ -263,10 +210,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--budget", type=int, default=1024, help="padded tokens per micro-batch")
+    ap.add_argument("--rounds", type=int, default=3, help="weight syncs per method (c, d)")
+    ap.add_argument("--quick", action="store_true", help="tiny, sections a-e, 2 rows, one step and sync each")
     args = ap.parse_args()
+    if args.quick:
+        args.models, args.sections, args.rows, args.steps, args.rounds = "tiny", "a,b,c,d,e", 2, 1, 1
     torch.manual_seed(0)
     start_ray(RayConfig(num_cpus=4))
-    result = {"bench": "learner"}
+    result = {"bench": "learner", "quick": args.quick}
     for name in args.models.split(","):
         path = resolve_model(name)
         fmt = ChatFormat.from_pretrained(path)
@@ -279,12 +230,12 @@ def main() -> None:
             res["b_merging"] = section_b(path, fmt, vocab, args.budget)
             print(name, "b", res["b_merging"], flush=True)
         if "c" in args.sections:
-            res["c_weight_sync"] = section_c(name)
+            res["c_weight_sync"] = section_c(name, args.rounds)
             print(name, "c", res["c_weight_sync"], flush=True)
         if "d" in args.sections:
-            res["d_lora"] = section_d(name, fmt, vocab, args.budget)
+            res["d_lora"] = section_d(name, fmt, vocab, args.budget, args.rounds)
         if "e" in args.sections:
-            res["e_loss_positions"] = section_e(path, fmt, vocab, 32, args.steps, 2048)
+            res["e_loss_positions"] = section_e(path, fmt, vocab, 4 if args.quick else 32, args.steps, 2048)
             print(name, "e", res["e_loss_positions"], flush=True)
         result[name] = res
     ray.shutdown()

@@ -1,6 +1,6 @@
 """Benchmark vLLM's CPU LoRA path: vLLM's own ops vs tracerl's grouped ops (rollout/lora_cpu.py).
 
-    python scripts/bench/lora_ops.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--rank 16]
+    python scripts/bench/lora_ops.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--rank 16] [--quick]
 
 One engine (this process's AsyncLLM, the engine args training uses) with two random rank-16
 adapters on the attention and MLP projections, once per variant (TRACERL_LORA_CPU_OPS=vllm, then
@@ -8,7 +8,8 @@ grouped), same prompts. Per variant, greedy decoding of `--max-tokens` tokens (E
 four batches: every request on the base model, every one on adapter a, half a and half b, half
 base and half a. Reported: generated tokens/s of each batch, and how many base requests of the
 base+a batch decoded differently from the same requests in the all-base batch (an adapter's
-weights leaking into base tokens shows here). The last output line is one JSON object.
+weights leaking into base tokens shows here). `--quick`: the tiny model, 4 prompts of 8 tokens
+(the test suite's run). The last output line is one JSON object.
 """
 
 from __future__ import annotations
@@ -102,7 +103,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--quick", action="store_true", help="tiny, 4 prompts x 8 tokens")
     args = ap.parse_args()
+    if args.quick:
+        args.model, args.prompts, args.max_tokens = "tiny", 4, 8
     from transformers import AutoTokenizer
 
     model_path = resolve_model(args.model)
@@ -119,7 +123,7 @@ def main() -> None:
     for r in results.values():
         print(r, flush=True)
     v, g = results["vllm"], results["grouped"]
-    print(json.dumps({"bench": "lora_ops", "model": args.model, "prompts": args.prompts,
+    print(json.dumps({"bench": "lora_ops", "quick": args.quick, "model": args.model, "prompts": args.prompts,
                       "max_tokens": args.max_tokens, "rank": args.rank, **results,
                       "a_speedup": round(g["a_tokens_per_s"] / v["a_tokens_per_s"], 3),
                       "a_vs_base_grouped": round(g["a_tokens_per_s"] / g["base_tokens_per_s"], 3),

@@ -1,6 +1,6 @@
 """Benchmark: generated tokens/s through the full rollout path vs vLLM's own generate.
 
-    python scripts/bench/rollout_path.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64]
+    python scripts/bench/rollout_path.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--quick]
 
 Same prompts (single_turn on chain_sum, chat-templated), same engine args and
 sampling, one run, one after the other:
@@ -10,64 +10,31 @@ sampling, one run, one after the other:
   gateway: the same fleet with the openai_agent harness: an agent function makes the same
          single chat call with the `openai` SDK through the worker's OpenAI-compatible
          gateway (HTTP, rendered to the same prompt ids), over one HTTP client per worker.
-  own_client: the same, the agent building its own SDK client per episode.
+  own_client: the same, the agent building its own SDK client per episode (not with --quick).
 Each side is warmed up, then timed `--rounds` times; the best round counts. The three
 fleets take turns, round by round, one up at a time (vLLM alone runs first, in this
 process); the ratios to the path pair each round with the path's round of the same turn.
+`--quick`: the tiny model, 4 prompts of 8 tokens, one round (the test suite's run).
 The last output line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import json
 import statistics
 import time
-import uuid
 
 import ray
 
+from rollout.baseline import bench_vllm
 from rollout.client import ChatFormat
 from rollout.cluster import start_ray
-from rollout.config import EngineConfig, GenerateJobConfig, SamplingConfig
-from rollout.engine import bind_cpu_cores, engine_args, sampling_params
+from rollout.config import GenerateJobConfig
 from rollout.fleet import RolloutFleet
 from rollout.models import resolve_model
 from rollout.config import make_task_source
 from trainer.config import compose
-
-
-def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,
-               engine: EngineConfig, rounds: int, dtype: str = "float32") -> list[dict]:
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    bind_cpu_cores(engine)  # the cores the fleets' engines take (engine.cpu_cores)
-    llm = AsyncLLM.from_engine_args(engine_args(model_path, engine, dtype))
-    params = sampling_params(sampling)
-
-    async def one(ids: list[int]) -> int:
-        final = None
-        async for out in llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
-            final = out
-        return sum(len(o.token_ids) for o in final.outputs)
-
-    async def timed(batch):
-        t0 = time.perf_counter()
-        tokens = sum(await asyncio.gather(*map(one, batch)))
-        return {"tokens": tokens, "seconds": time.perf_counter() - t0}
-
-    async def rounds_of_all():
-        await timed(prompts[:4])  # warm-up
-        return [await timed(prompts) for _ in range(rounds)]
-
-    try:
-        return asyncio.run(rounds_of_all())
-    finally:
-        llm.shutdown()
-        llm = None  # let __del__ run now, not at interpreter exit where it raises
-        gc.collect()
 
 
 def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict[str, list[dict]]:
@@ -94,31 +61,6 @@ def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict
     return results
 
 
-_http = {}  # event loop -> the HTTP client this worker's agents share
-
-
-async def one_call(task, base_url: str, api_key: str) -> str:
-    """The gateway side's agent: single_turn's one call, made with the openai SDK over one HTTP
-    client per worker process (as a long-running agent service holds one)."""
-    import httpx
-    from openai import AsyncOpenAI
-
-    http = _http.setdefault(asyncio.get_running_loop(), httpx.AsyncClient(timeout=600))
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http)
-    r = await client.chat.completions.create(model="main", messages=[{"role": "user", "content": task.prompt}])
-    return r.choices[0].message.content
-
-
-async def one_call_own_client(task, base_url: str, api_key: str) -> str:
-    """The same call from an agent that builds its own SDK client per episode (as
-    examples/calculator_agent.py does): ~30 ms of the worker's CPU per client (its TLS context)."""
-    from openai import AsyncOpenAI
-
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        r = await client.chat.completions.create(model="main", messages=[{"role": "user", "content": task.prompt}])
-        return r.choices[0].message.content
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2_135m")
@@ -126,7 +68,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="tiny, 4 prompts x 8 tokens, one round")
     args = ap.parse_args()
+    if args.quick:
+        args.model, args.prompts, args.max_tokens, args.rounds = "tiny", 4, 8, 1
 
     # ignore_eos: every completion is max_tokens long on both sides, so tok/s compare like for like.
     common = [f"model={args.model}", "task=chain_sum", f"sampling.max_tokens={args.max_tokens}",
@@ -134,9 +79,8 @@ def main() -> None:
               f"engine.max_num_seqs={max(args.prompts, 8)}", f"rollout.concurrency={args.prompts}",
               "rollout.group_size=1", "engine.cpu_cores=all", "ray.num_cpus=4"]
     cfg = compose("generate", ["harness=single_turn", *common])
-    # run from the repo root, like every bench: the workers import the agent from there
     gateway_cfg, own_client_cfg = (
-        compose("generate", ["harness=openai_agent", f"harness.options.agent=scripts.bench.rollout_path.{fn}", *common])
+        compose("generate", ["harness=openai_agent", f"harness.options.agent=harnesses.one_call_agents.{fn}", *common])
         for fn in ("one_call", "one_call_own_client"))
     model_path = resolve_model(cfg.model.name, cfg.model.path)
     fmt = ChatFormat.from_pretrained(model_path)
@@ -145,33 +89,32 @@ def main() -> None:
                for i in range(args.prompts)]
 
     vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
-    paths = bench_paths({"path": cfg, "gateway": gateway_cfg, "own_client": own_client_cfg}, args.prompts, args.rounds)
-    path_rounds, gateway_rounds, own_rounds = paths["path"], paths["gateway"], paths["own_client"]
+    # the gateway sides (the same path as far as the engine sees it); --quick keeps one
+    sdk = {"gateway": gateway_cfg, **({} if args.quick else {"own_client": own_client_cfg})}
+    paths = bench_paths({"path": cfg, **sdk}, args.prompts, args.rounds)
 
     def best(rounds):
         return max(r["tokens"] / r["seconds"] for r in rounds)
 
-    vllm_tps, path_tps, gateway_tps, own_tps = map(best, (vllm_rounds, path_rounds, gateway_rounds, own_rounds))
-
     def paired(rounds):  # each round against the path's round of the same turn: the drift-free ratio
         return statistics.median((g["tokens"] / g["seconds"]) / (p["tokens"] / p["seconds"])
-                                 for p, g in zip(path_rounds, rounds))
+                                 for p, g in zip(paths["path"], rounds))
 
+    vllm_tps, path_tps = best(vllm_rounds), best(paths["path"])
     print(f"vLLM generate:    {vllm_tps:8.1f} generated tok/s  rounds={vllm_rounds}")
-    print(f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={path_rounds}")
-    print(f"worker->openai SDK->gateway->engine: {gateway_tps:8.1f} generated tok/s  rounds={gateway_rounds}")
-    print(f"  the same, an SDK client built per episode: {own_tps:8.1f} generated tok/s  rounds={own_rounds}")
-    print(f"ratio path/vllm: {path_tps / vllm_tps:.3f}  gateway/path: {gateway_tps / path_tps:.3f} (best rounds), "
-          f"{paired(gateway_rounds):.3f} (median of paired rounds); own client: {paired(own_rounds):.3f}")
-    print(json.dumps({"bench": "rollout_path", "model": args.model, "prompts": args.prompts,
-                      "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
-                      "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
-                      "gateway_tok_s": round(gateway_tps, 1), "gateway_over_path": round(gateway_tps / path_tps, 3),
-                      "gateway_over_path_paired": round(paired(gateway_rounds), 3),
-                      "own_client_tok_s": round(own_tps, 1), "own_client_over_path_paired": round(paired(own_rounds), 3),
-                      "vllm_rounds": vllm_rounds, "path_rounds": path_rounds, "gateway_rounds": gateway_rounds,
-                      "own_client_rounds": own_rounds}))
-
+    print(f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={paths['path']}  "
+          f"ratio path/vllm: {path_tps / vllm_tps:.3f}")
+    result = {"bench": "rollout_path", "quick": args.quick, "model": args.model, "prompts": args.prompts,
+              "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
+              "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
+              "vllm_rounds": vllm_rounds, "path_rounds": paths["path"]}
+    for side in sdk:  # own_client: an SDK client built per episode
+        print(f"worker->openai SDK->gateway->engine ({side}): {best(paths[side]):8.1f} generated tok/s  "
+              f"rounds={paths[side]}  over path: {paired(paths[side]):.3f} (median of paired rounds)")
+        result.update({f"{side}_tok_s": round(best(paths[side]), 1),
+                       f"{side}_over_path_paired": round(paired(paths[side]), 3), f"{side}_rounds": paths[side]})
+    result["gateway_over_path"] = round(best(paths["gateway"]) / path_tps, 3)  # best rounds
+    print(json.dumps(result))
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Benchmark: writing and loading (with full validation) a large traces.jsonl.
 
-    python scripts/bench/trace_io.py [--mb 100] [--rounds 3]
+    python scripts/bench/trace_io.py [--mb 100] [--rounds 3] [--quick]
 
 Builds synthetic traces shaped like a multi-agent run (3 sequences each: a
 prompt of 200 tokens, 60 generated tokens with their log-probs, agent rewards,
@@ -8,7 +8,7 @@ info), writes them with `rollout.trace.write_jsonl` until the file holds
 `--mb` MB, then times, best of `--rounds`, in one run:
   load:        rollout.trace.read_jsonl — parse, type-check and validate every trace
   json_parse:  json.loads of every line, no validation (the stdlib parser's floor)
-The last output line is one JSON object.
+`--quick`: 2 MB, one round (the test suite's run). The last output line is one JSON object.
 """
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=100.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="2 MB, one round")
     args = ap.parse_args()
+    if args.quick:
+        args.mb, args.rounds = 2.0, 1
 
     rng = random.Random(0)
     one = [synthetic_trace(rng, i) for i in range(64)]  # repeated: building traces is not what is timed
@@ -73,7 +76,7 @@ def main() -> None:
         parse_s = best_of(args.rounds, parse)
     print(f"{n} traces, {mb:.1f} MB: write {write_s:.2f}s, load {load_s:.2f}s ({mb / load_s:.1f} MB/s), "
           f"json.loads alone {parse_s:.2f}s")
-    print(json.dumps({"bench": "trace_io", "traces": n, "mb": round(mb, 1), "write_s": round(write_s, 2),
+    print(json.dumps({"bench": "trace_io", "quick": args.quick, "traces": n, "mb": round(mb, 1), "write_s": round(write_s, 2),
                       "load_s": round(load_s, 2), "load_mb_per_s": round(mb / load_s, 1),
                       "json_parse_s": round(parse_s, 2), "load_over_json_parse": round(load_s / parse_s, 2)}))
 

@@ -1,0 +1,47 @@
+"""vLLM alone: what the rollout path is measured against (scripts/bench/rollout_path.py, bf16.py).
+
+Generates with vLLM's AsyncLLM in this process, every prompt submitted at once, with the engine
+args and sampling the Engine actor uses, so the difference to the path is the path's own cost."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import uuid
+
+from rollout.config import EngineConfig, SamplingConfig
+from rollout.engine import bind_cpu_cores, engine_args, sampling_params
+
+
+def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,
+               engine: EngineConfig, rounds: int, dtype: str = "float32") -> list[dict]:
+    """After a warm-up on 4 prompts, `rounds` times: {"tokens": generated, "seconds": wall} of
+    every prompt at once."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    bind_cpu_cores(engine)  # the cores the fleets' engines take (engine.cpu_cores)
+    llm = AsyncLLM.from_engine_args(engine_args(model_path, engine, dtype))
+    params = sampling_params(sampling)
+
+    async def one(ids: list[int]) -> int:
+        final = None
+        async for out in llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex):
+            final = out
+        return sum(len(o.token_ids) for o in final.outputs)
+
+    async def timed(batch):
+        t0 = time.perf_counter()
+        tokens = sum(await asyncio.gather(*map(one, batch)))
+        return {"tokens": tokens, "seconds": time.perf_counter() - t0}
+
+    async def rounds_of_all():
+        await timed(prompts[:4])  # warm-up
+        return [await timed(prompts) for _ in range(rounds)]
+
+    try:
+        return asyncio.run(rounds_of_all())
+    finally:
+        llm.shutdown()
+        llm = None  # let __del__ run now, not at interpreter exit where it raises
+        gc.collect()

@@ -1,0 +1,70 @@
+"""What the learner is measured against, shared by scripts/bench/learner.py, bf16.py and e2e.py:
+a plain single-process torch loop, a plain memory copy (a weight sync's floor), and synthetic
+multi-turn conversations packed the way the learner packs them."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import torch
+
+from rollout.client import ChatFormat
+from rollout.trace import Sequence, Trace
+from trainer.losses import LossConfig, microbatch_loss
+from trainer.packing import build_rows, pack, token_weights
+
+
+def conversation_trace(fmt: ChatFormat, vocab: int, turns: int, gen: int, obs: int, rng: random.Random,
+                       tid: str, question: str = "Solve the task step by step.") -> Trace:
+    """One agent's multi-turn conversation: `turns` sequences, each extending the last exactly
+    (`gen` random generated tokens, then `obs` random observation tokens)."""
+    prompt = fmt.render([{"role": "user", "content": question}])
+    seqs = []
+    for k in range(turns):
+        completion = [rng.randrange(10, vocab) for _ in range(gen)]
+        seqs.append(Sequence(prompt, completion, [-1.0] * gen, "solver", "main", 0, parent=k - 1 if k else None))
+        prompt = prompt + completion + [rng.randrange(10, vocab) for _ in range(obs)]
+    return Trace(tid, "g", seqs, reward=1.0)
+
+
+def batches_for(traces: list[Trace], merge: bool, budget: int):
+    """(rows, micro-batches of `budget` padded tokens) of `traces`, every sequence's advantage 0.5."""
+    advs = [[0.5] * len(t.sequences) for t in traces]
+    rows = build_rows(traces, advs, token_weights(traces, "token"), merge=merge)
+    return rows, pack(rows, budget)
+
+
+class PlainLoop:
+    """A single-process torch forward + backward + AdamW loop: what the learner is measured against."""
+
+    def __init__(self, path: str, threads: int):
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
+
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def step(self, mbs, only_trained: bool = True) -> float:
+        """Seconds of one optimizer step over `mbs`, timed inside this process."""
+        t0 = time.perf_counter()
+        for mb in mbs:
+            microbatch_loss(self.model, mb, LossConfig(), only_trained=only_trained)[0].backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+
+def memcpy_s(nbytes: int, rounds: int = 3) -> float:
+    """Seconds of a plain in-memory copy of `nbytes` (best of `rounds`): a weight sync's floor."""
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    copies = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        src.copy()
+        copies.append(time.perf_counter() - t0)
+    return min(copies)

@@ -1,7 +1,7 @@
 # tracerl: every target installs into .venv first (scripts/setup.sh is a no-op when up to date).
 #   make train   # the main training job on the embedded default (CPU, in-process Ray)
 #   make test       # the whole test suite: every tier (unit, integration, e2e; see pyproject.toml)
-#   make test-fast  # unit + integration: no whole training runs, no fault runs
+#   make test-fast  # unit + integration: only the session's shared engines, nothing started per test
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export TRACERL_CACHE ?= $(HOME)/.cache/tracerl

@@ -168,7 +168,18 @@ class RolloutFleet:
         return traces
 
     def engine_infos(self) -> list[dict]:
-        return ray.get([e.info.remote() for pool in self.pools.values() for e in pool], timeout=60)
+        """Every engine's `info()`; one that Ray is restarting (the watchdog's kill, a crash) is
+        waited for, up to its pool's engine.start_timeout_s; one dead for good is left out."""
+        infos = []
+        for pool, engines in self.pools.items():
+            limit = self.cfg.policy_engine(self.pool_members[pool][0]).start_timeout_s
+            for engine in engines:
+                try:
+                    infos.append(ray.get(engine.info.remote(), timeout=60))
+                except ray.exceptions.RayActorError:
+                    if wait_until_restarted(engine, "info", limit):
+                        infos.append(ray.get(engine.info.remote(), timeout=60))
+        return infos
 
     def engine_clocks(self, timeout_s: float = 5.0) -> list[dict]:
         """`engine_infos()` of the engines that answer within `timeout_s` (a restarting or dead

@@ -18,6 +18,7 @@ import json
 import random
 import time
 
+import ray
 import torch
 
 from rollout.baseline import bench_vllm
@@ -91,6 +92,7 @@ def main() -> None:
     result = {"bench": "bf16", "quick": args.quick, "model": args.model, "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
               "engine": engine_side(args.model, args.prompts, args.max_tokens, args.rounds),
               "learner": learner_side(args.model, args.rows, args.rounds, args.budget)}
+    ray.shutdown()  # before the result: an actor's late log line would follow it otherwise
     print(json.dumps(result))
 
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import ray
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e
 
 LONG = 48  # tokens of a "long" request: many engine steps
 

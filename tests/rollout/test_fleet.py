@@ -91,6 +91,17 @@ def test_a_dead_engine_core_is_an_engine_death_and_heals(fleet):
     assert ray.get(engine.info.remote(), timeout=60)["pid"] != pid, "a new engine process serves"
 
 
+def test_engine_infos_wait_for_an_engine_that_is_restarting(fleet):
+    """A run's summary reads every engine's info at its end: an engine the watchdog has just killed
+    (Ray restarting it) is waited for, not an error that ends a finished run (the faults bench's
+    hung-engine run failed so once its restart took under a step)."""
+    [engine] = fleet.engines["main"]
+    pid = ray.get(engine.info.remote(), timeout=60)["pid"]
+    ray.kill(engine, no_restart=False)
+    [info] = fleet.engine_infos()
+    assert info["pid"] != pid
+
+
 def test_evaluation_survives_a_worker_that_dies(fleet):
     """A rollout worker killed during evaluation (Ray restarts it) evaluates its share again: the
     evaluation comes back whole and in order (before, the run stopped with the worker's error)."""

@@ -214,7 +214,7 @@ def tool_turn(k, expression, result):
             {"role": "tool", "tool_call_id": f"c{k}", "content": result}]
 
 
-@pytest.mark.integration
+@pytest.mark.e2e
 def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, engine_cfg):
     """SmolLM2-135M-Instruct (its chat template renders no tools: the gateway's text convention),
     shown two worked examples of calling the calculator, calls it for a new question (greedy):

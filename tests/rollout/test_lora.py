@@ -52,7 +52,7 @@ def scores(engine, prompt, completion, policy):
     return torch.tensor(ray.get(engine.score.remote(prompt, completion, policy), timeout=120))
 
 
-@pytest.mark.integration
+@pytest.mark.e2e
 def test_adapters_match_hf_peft_and_stay_apart(lora_engine, hf_tiny, tiny_path, tiny_tokenizer):
     prompt = chat_prompt(tiny_tokenizer)
     [c] = ray.get(lora_engine.generate.remote(prompt, SamplingConfig(max_tokens=16), 0, "a"), timeout=120)
@@ -94,7 +94,7 @@ def test_adapters_match_hf_peft_and_stay_apart(lora_engine, hf_tiny, tiny_path, 
     assert info["adapter_versions"] == {"a": 1, "b": 1} and info["version"] == 0
 
 
-@pytest.mark.integration
+@pytest.mark.e2e
 def test_learner_adapter_trains_alone_and_syncs_exactly(lora_engine, tiny_path, hf_tiny, tiny_tokenizer,
                                                        fixed_batch, tmp_path):
     """A LoRA learner group (2 ranks, ZeRO-2) trains only its adapter — the base weights never
@@ -241,7 +241,7 @@ def exported(learners) -> dict[str, torch.Tensor]:
     return {k: v for b in buckets for k, v in load(b).items()}
 
 
-@pytest.mark.integration
+@pytest.mark.e2e
 def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(ray_cluster, tiny_path, hf_tiny,
                                                                      fixed_batch, tmp_path):
     """Two adapter policies on one learner group (2 ranks, ZeRO-2: the base held once), each with

@@ -36,7 +36,7 @@ def stand_in_python(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
-@pytest.mark.integration
+@pytest.mark.e2e
 def test_env_and_transport_stages_on_cpu(tmp_path):
     out = tmp_path / "out"
     run = gpu_check(out, STAGES="env,transport", PYTHON=sys.executable)

@@ -156,7 +156,7 @@ def driver_peak(call) -> int:
         tracemalloc.stop()
 
 
-@pytest.mark.integration
+@pytest.mark.e2e
 def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_weights(
         ray_cluster, tiny_path, tiny_tokenizer, fixed_batch, engine_cfg, tmp_path):
     """ZeRO-3 over 2 ranks, the HF folder in 300 kB shards (an index and several files): the driver
@@ -207,7 +207,7 @@ def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_w
     assert (served - learner_lp).abs().max() < 1e-3
 
 
-@pytest.mark.integration
+@pytest.mark.e2e
 def test_a_bf16_model_is_exported_and_saved_in_bf16(ray_cluster, tiny_path, tiny_tokenizer, fixed_batch,
                                                      engine_cfg, tmp_path):
     """bf16 stays bf16: the weight snapshot (export_weights: what the object store carries and a

@@ -9,7 +9,7 @@ from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig, microbatch_loss
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module", params=[0, 2, 3],

@@ -14,7 +14,7 @@ from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
 from trainer.weight_sync import CollectiveSync, ObjectStoreSync
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.e2e
 
 
 def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny, tiny_tokenizer, fixed_batch,

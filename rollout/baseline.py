@@ -11,7 +11,7 @@ import time
 import uuid
 
 from rollout.config import EngineConfig, SamplingConfig
-from rollout.engine import bind_cpu_cores, engine_args, sampling_params
+from rollout.engine_args import bind_cpu_cores, engine_args, sampling_params
 
 
 def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,

@@ -386,6 +386,7 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
             raise ValueError(f"{where}.kv_cache_gb=null (the KV cache from gpu_memory_utilization) is for GPU "
                              f"engines: set {where}.kv_cache_gb in GiB for a CPU engine")
         check_engine_waits(engine, where, cfg.rollout)
+        check_engine_core(engine, where)
         check_engine_gpus(engine, where)
         if engine.block_size is not None and (engine.block_size <= 0 or engine.block_size % (16 if engine.num_gpus
                                                                                             else 32)):
@@ -436,6 +437,16 @@ def check_engine_waits(engine: EngineConfig, where: str, rollout: RolloutConfig)
         raise ValueError(f"{where}.sync_timeout_s={engine.sync_timeout_s} must be > {where}.request_timeout_s="
                          f"{engine.request_timeout_s}: with sync_pause_mode=wait a weight load first waits for "
                          f"the requests in flight")
+
+
+def check_engine_core(engine: EngineConfig, where: str) -> None:
+    """The thread core runs vLLM's uni-process executor: one worker, so no tensor parallelism."""
+    if engine.core == EngineCore.thread and engine.tensor_parallel_size > 1:
+        raise ValueError(f"{where}.core=thread runs one worker in the engine's process: "
+                         f"{where}.tensor_parallel_size={engine.tensor_parallel_size} needs {where}.core=process "
+                         f"(or auto)")
+    if engine.vllm_log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ValueError(f"{where}.vllm_log_level={engine.vllm_log_level}: DEBUG, INFO, WARNING, ERROR or CRITICAL")
 
 
 def register_configs() -> None:

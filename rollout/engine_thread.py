@@ -55,6 +55,7 @@ class ThreadedLLM:
         self._frozen = False  # paused with `keep`: no steps at all
         self._drained: concurrent.futures.Future | None = None  # a `wait` pause waiting for the drain
         self._stopping = False
+        self._failing = threading.Lock()  # _fail_all may run on the dying thread and on a late caller's
         self.errored = False
         self.error: BaseException | None = None
         started: concurrent.futures.Future = concurrent.futures.Future()
@@ -114,8 +115,10 @@ class ThreadedLLM:
         future: concurrent.futures.Future = concurrent.futures.Future()
         if self.errored or not self._thread.is_alive():
             future.set_exception(EngineThreadDied(f"vLLM's engine thread is gone: {self.error!r}"))
-        else:
-            self._calls.put((fn, future))
+            return future
+        self._calls.put((fn, future))
+        if self.errored:  # the thread died between the check and the put: no one else will answer it
+            self._fail_all(EngineThreadDied(f"vLLM's engine thread is gone: {self.error!r}"))
         return future
 
     # ------------------------------------------------------------------ the engine thread
@@ -203,6 +206,11 @@ class ThreadedLLM:
         self._fail_all(EngineThreadDied("the engine was shut down"))
 
     def _fail_all(self, error: BaseException) -> None:
+        """Every waiting caller gets `error` (from the dying thread, or a caller that came too late)."""
+        with self._failing:
+            self._fail_waiting(error)
+
+    def _fail_waiting(self, error: BaseException) -> None:
         for request in [*self._requests.values(), *self._held]:
             if not request.answer.done():
                 request.answer.set_exception(error)

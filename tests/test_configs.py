@@ -96,6 +96,7 @@ def test_bad_type_fails_naming_the_key():
 @pytest.mark.parametrize("override, choices", [
     ("model.dtype=fp16", "float32, bfloat16"),
     ("engine.sync_pause_mode=abort", "wait, keep"),
+    ("engine.core=fork", "auto, thread, process"),
     ("learner.optimizer=adam", "adamw, sgd"),
     ("algorithm.loss.normalization=tokens", "token, sequence, trace, constant"),
     ("algorithm.advantage.estimator=ppo", "grpo, rloo, batch_mean, uniform"),
@@ -113,11 +114,23 @@ def test_enum_choices_are_checked_at_compose_time(override, choices):
     ("sampling.max_tokens=4096", "model.max_model_len"),
     ("rollout.group_size=0", "rollout.group_size"),
     ("harness.options.rounds=2", "harness.options"),  # single_turn takes no `rounds`
+    ("engine.vllm_log_level=LOUD", "engine.vllm_log_level=LOUD: DEBUG, INFO"),
 ])
 def test_bad_values_fail_validation(override, msg):
     override = override if "options" not in override else "+" + override
     with pytest.raises(ValueError, match=msg):
         validate_generate(compose("generate", [override]))
+
+
+def test_a_thread_core_with_tensor_parallel_ranks_is_refused_and_auto_picks_the_process_core():
+    from rollout.engine_args import core_kind
+
+    with pytest.raises(ValueError, match="engine.core=thread runs one worker.*needs engine.core=process"):
+        validate_generate(compose("generate", ["engine.core=thread", "engine.tensor_parallel_size=2"]))
+    cfg = compose("generate", ["engine.tensor_parallel_size=2"])
+    assert core_kind(cfg.engine) == "process"
+    assert core_kind(compose("generate", []).engine) == "thread"
+    assert core_kind(compose("generate", ["engine.num_gpus=1"]).engine) == "process"
 
 
 @pytest.mark.parametrize("override, msg", [

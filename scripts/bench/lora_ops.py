@@ -27,7 +27,7 @@ import uuid
 import torch
 
 from rollout.config import EngineConfig, LoraConfig
-from rollout.engine import engine_args
+from rollout.engine_args import engine_args
 from rollout.lora import peft_config
 from rollout.models import resolve_model
 

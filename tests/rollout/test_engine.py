@@ -117,7 +117,7 @@ def test_cpu_cores_give_each_engine_its_share_of_the_cores(monkeypatch):
     import os
 
     from rollout.config import EngineConfig
-    from rollout.engine import bind_cpu_cores
+    from rollout.engine_args import bind_cpu_cores
 
     cores = sorted(os.sched_getaffinity(0))
     half = len(cores) // 2
@@ -256,7 +256,7 @@ def test_engine_args_on_gpu_size_the_kv_cache_and_keep_tensor_parallel_workers_l
     sizes the KV cache on GPU too, null leaves it to gpu_memory_utilization; the CPU-only prefill
     settings stay on CPU."""
     from rollout.config import EngineConfig
-    from rollout.engine import engine_args
+    from rollout.engine_args import engine_args
 
     def args(**kw):
         return engine_args("/models/any", EngineConfig(**kw), dtype="bfloat16", max_model_len=4096)

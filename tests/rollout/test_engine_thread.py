@@ -17,7 +17,7 @@ LONG = 48  # tokens of a "long" request: many engine steps
 class ThreadProbe:
     def __init__(self, model_path: str):
         from rollout.config import EngineConfig
-        from rollout.engine import engine_args
+        from rollout.engine_args import engine_args
         from rollout.engine_thread import ThreadedLLM
 
         self.llm = ThreadedLLM(engine_args(model_path, EngineConfig(kv_cache_gb=0.25, max_num_seqs=8)))

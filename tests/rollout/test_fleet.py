@@ -95,11 +95,14 @@ def test_engine_infos_wait_for_an_engine_that_is_restarting(fleet):
     """A run's summary reads every engine's info at its end: an engine the watchdog has just killed
     (Ray restarting it) is waited for, not an error that ends a finished run (the faults bench's
     hung-engine run failed so once its restart took under a step)."""
+    import psutil
+
     [engine] = fleet.engines["main"]
-    pid = ray.get(engine.info.remote(), timeout=60)["pid"]
-    ray.kill(engine, no_restart=False)
+    process = psutil.Process(ray.get(engine.info.remote(), timeout=60)["pid"])
+    process.kill()  # (ray.kill returns before the process is gone: the old one could still answer)
+    psutil.wait_procs([process], timeout=30)
     [info] = fleet.engine_infos()
-    assert info["pid"] != pid
+    assert info["pid"] != process.pid
 
 
 def test_evaluation_survives_a_worker_that_dies(fleet):

@@ -18,21 +18,28 @@ def named_actors() -> set[str]:
     return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
 
 
-def actor_process(prefix: str, method: str, before: set[str], timeout_s: float = 300) -> psutil.Process:
+def actor_process(prefix: str, method: str, before: set[str], timeout_s: float = 300,
+                  busy_s: float = 0.0) -> psutil.Process:
     """The process of the actor named `prefix`<id> (engines are tracerl-engine-<policy>-<i>-<id>,
     workers tracerl-worker-<i>-<id>) that is not one of `before` (the session's shared engine is
-    named so too), from its `method`'s answer {"pid": ...}; waits while Ray restarts the actor."""
+    named so too), from its `method`'s answer {"pid": ...}; waits while Ray restarts the actor.
+    `busy_s`: for up to that long, until the answer shows requests in flight (an engine's
+    "active"), so that a fault cuts some short whatever the engine's speed."""
     [actor] = [a for a in ray.util.list_named_actors(all_namespaces=True)
                if a["name"].startswith(prefix) and a["name"] not in before]
     handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
-    deadline = time.monotonic() + timeout_s
+    deadline, busy_deadline = time.monotonic() + timeout_s, time.monotonic() + busy_s
     while True:
         try:
-            return psutil.Process(ray.get(getattr(handle, method).remote(), timeout=timeout_s)["pid"])
+            answer = ray.get(getattr(handle, method).remote(), timeout=timeout_s)
         except ray.exceptions.ActorUnavailableError:  # restarting (e.g. after the watchdog's kill)
             if time.monotonic() > deadline:
                 raise
             time.sleep(1.0)
+            continue
+        if answer.get("active", 1) > 0 or time.monotonic() > busy_deadline:
+            return psutil.Process(answer["pid"])
+        time.sleep(0.02)
 
 
 def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600, process=None) -> None:
@@ -52,8 +59,8 @@ def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600, process=None
 
 class Injector:
     """A thread that, for each (after_step, actor prefix, pid method, "kill" | "suspend"), waits for
-    the run's step `after_step`, half a second into the next step's rollout SIGKILLs or SIGSTOPs
-    that actor's process; `injected` lists what it did, `errors` what stopped it. As a context manager it kills, on exit,
+    the run's step `after_step`, half a second into the next step's rollout (an engine: once it has
+    requests in flight) SIGKILLs or SIGSTOPs that actor's process; `injected` lists what it did, `errors` what stopped it. As a context manager it kills, on exit,
     every process it hit and their children (vLLM's engine cores outlive a killed actor)."""
 
     def __init__(self, run_dir: Path, faults: list[tuple[int, str, str, str]]):
@@ -68,7 +75,7 @@ class Injector:
             try:
                 wait_for_step(self.run_dir, after_step)
                 time.sleep(0.5)  # into the next step's rollout
-                proc = actor_process(prefix, method, self.before)
+                proc = actor_process(prefix, method, self.before, busy_s=30.0)
                 self.hit.extend([proc, *proc.children(recursive=True)])
                 getattr(proc, how)()
             except Exception as e:

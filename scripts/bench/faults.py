@@ -13,7 +13,7 @@ should have, how many failed, the restarts, the requests sent again and the epis
 again, and the extra wall time over the fault-free run of the same bench (measured side by
 side; this box is shared and noisy). `--cores process,thread`: every run once per engine core mode
 (`engine.core=...`), the cores taking turns run by run, the extra wall time against the same
-core's fault-free run (`extra_wall_s`: core -> fault -> s). `--quick`: 2 steps, engine_killed
+core's fault-free run (`extra_wall_s`: core -> fault -> s). `--quick`: 3 steps, engine_killed
 only (the test suite's run).
 The last output line is one JSON object.
 """
@@ -82,10 +82,10 @@ def main() -> None:
     ap.add_argument("--faults", default=",".join(f for f in FAULTS if f != "none"),
                     help=f"comma-separated, of {sorted(FAULTS)}")
     ap.add_argument("--cores", default=DEFAULT, help="comma-separated engine.core values, e.g. process,thread")
-    ap.add_argument("--quick", action="store_true", help="2 steps, engine_killed only")
+    ap.add_argument("--quick", action="store_true", help="3 steps, engine_killed only")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.faults = 2, "engine_killed"
+        args.steps, args.faults = 3, "engine_killed"  # 3: the fault may strike in step 3 (rollout/faults.py)
     names = ["none", *[f for f in args.faults.split(",") if f != "none"]]
     unknown = sorted(set(names) - set(FAULTS))
     if unknown:

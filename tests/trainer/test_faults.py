@@ -154,13 +154,14 @@ def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path)
 
 @pytest.mark.e2e
 def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_cluster, tmp_path):
-    """SIGKILL of the trained policy's engine in step 2 and of the rollout worker in step 3, SIGSTOP
-    of the frozen policy's engine in step 4, SIGKILL of both engines half a second apart in step 5
-    (as when a node goes): Ray restarts the killed ones, the watchdog finds the hung one and has it
-    restarted; the requests they cut short are sent again to the restarted engines, the worker's
-    unfinished groups run again. Every step still trains exactly its groups, none failed, and the
-    restarted engines sample from the learner's weights (the importance ratio stays at 1 to float
-    noise, as it would not if they served the base model)."""
+    """SIGKILL of the trained policy's engine in step 2 and of the rollout worker in step 3, SIGSTOP of
+    the frozen policy's engine in step 4, SIGKILL of both engines half a second apart in step 5 (as
+    when a node goes), each engine struck once it has requests in flight (so a step later when a
+    step's rollout was over within half a second): Ray restarts the killed ones, the watchdog finds
+    the hung one and has it restarted; the requests they cut short are sent again to the restarted
+    engines, the worker's unfinished groups run again. Every step still trains exactly its groups,
+    none failed, and the restarted engines sample from the learner's weights (the importance ratio
+    stays at 1 to float noise, as it would not if they served the base model)."""
     steps = 6
     cfg = compose("train", ["experiment=smoke", f"run_dir={tmp_path}", f"trainer.steps={steps}", "eval.size=0",
                             "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
@@ -176,12 +177,14 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
     rows = [m for m in read_metrics(tmp_path) if "rollout/reward" in m]
     assert [m["step"] for m in rows] == list(range(1, steps + 1))
     assert all(m["rollout/traces"] == 64 and m["rollout/failed"] == 0 for m in rows), rows
-    assert rows[1]["rollout/resent"] > 0 and rows[4]["rollout/resent"] > 0, \
-        "the requests the killed engines cut short were sent again"
+    # The Injector strikes an engine once it has requests in flight: in the step after `after_step`
+    # or, when that step's rollout was already done (the thread core is fast), in the next one.
+    assert sum(m["rollout/resent"] > 0 for m in rows) >= 2, \
+        ("the requests the killed engines cut short were sent again", [m["rollout/resent"] for m in rows])
     # a restart is counted when the restarted engine takes its first request: in the step of its
     # fault, or (seen once in CI for the frozen engine of step 5) in the next one
     restarts = [m["rollout/engine_restarts"] for m in rows]
-    assert restarts[0] == 0 and restarts[1] == 1 and restarts[-1] == 4, restarts
+    assert restarts[0] == 0 and 1 in restarts and restarts[-1] == 4, restarts
     assert restarts == sorted(restarts), restarts
     assert summary["worker_restarts"] == 1
     # the engine's behaviour log-probs are the learner's to float noise at every step (base weights

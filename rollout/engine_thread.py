@@ -128,7 +128,6 @@ class ThreadedLLM:
         except BaseException as e:  # noqa: BLE001 - handed to the constructor, which raises it
             started.set_exception(e)
             return
-        self._engine = engine
         started.set_result(engine)
         try:
             while not self._stopping:
@@ -208,22 +207,19 @@ class ThreadedLLM:
     def _fail_all(self, error: BaseException) -> None:
         """Every waiting caller gets `error` (from the dying thread, or a caller that came too late)."""
         with self._failing:
-            self._fail_waiting(error)
-
-    def _fail_waiting(self, error: BaseException) -> None:
-        for request in [*self._requests.values(), *self._held]:
-            if not request.answer.done():
-                request.answer.set_exception(error)
-        self._requests, self._held = {}, []
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_exception(error)
-        while True:
-            try:
-                _, future = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            if future.set_running_or_notify_cancel():
-                future.set_exception(error)
+            for request in [*self._requests.values(), *self._held]:
+                if not request.answer.done():
+                    request.answer.set_exception(error)
+            self._requests, self._held = {}, []
+            if self._drained is not None and not self._drained.done():
+                self._drained.set_exception(error)
+            while True:
+                try:
+                    _, future = self._calls.get_nowait()
+                except queue.Empty:
+                    return
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(error)
 
 
 def _build(engine_args, stat_loggers):

@@ -60,8 +60,9 @@ def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600, process=None
 class Injector:
     """A thread that, for each (after_step, actor prefix, pid method, "kill" | "suspend"), waits for
     the run's step `after_step`, half a second into the next step's rollout (an engine: once it has
-    requests in flight) SIGKILLs or SIGSTOPs that actor's process; `injected` lists what it did, `errors` what stopped it. As a context manager it kills, on exit,
-    every process it hit and their children (vLLM's engine cores outlive a killed actor)."""
+    requests in flight) SIGKILLs or SIGSTOPs that actor's process; `injected` lists what it did,
+    `errors` what stopped it. As a context manager it kills, on exit, every process it hit and their
+    children (the engine cores of engine.core=process outlive a killed actor)."""
 
     def __init__(self, run_dir: Path, faults: list[tuple[int, str, str, str]]):
         self.run_dir, self.faults, self.before = Path(run_dir), faults, named_actors()

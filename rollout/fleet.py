@@ -170,15 +170,15 @@ class RolloutFleet:
     def engine_infos(self) -> list[dict]:
         """Every engine's `info()`; one that Ray is restarting (the watchdog's kill, a crash) is
         waited for, up to its pool's engine.start_timeout_s; one dead for good is left out."""
+        asked = [(engine, engine.info.remote(), self.cfg.policy_engine(self.pool_members[pool][0]).start_timeout_s)
+                 for pool, engines in self.pools.items() for engine in engines]  # all at once
         infos = []
-        for pool, engines in self.pools.items():
-            limit = self.cfg.policy_engine(self.pool_members[pool][0]).start_timeout_s
-            for engine in engines:
-                try:
+        for engine, ref, limit in asked:
+            try:
+                infos.append(ray.get(ref, timeout=60))
+            except ray.exceptions.RayActorError:
+                if wait_until_restarted(engine, "info", limit):
                     infos.append(ray.get(engine.info.remote(), timeout=60))
-                except ray.exceptions.RayActorError:
-                    if wait_until_restarted(engine, "info", limit):
-                        infos.append(ray.get(engine.info.remote(), timeout=60))
         return infos
 
     def engine_clocks(self, timeout_s: float = 5.0) -> list[dict]:

@@ -81,6 +81,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def skip_shm_comm_build() -> None:
+    """DeepSpeed g++-builds a shared-memory all-reduce op (20-70 s) whenever its torch comm backend
+    starts; it is only an inference fast path, unused on CPU. Skip it. The module is reached
+    through sys.modules: `import deepspeed.comm.torch as m` binds `deepspeed.comm`'s attribute
+    `torch`, which is the torch package itself, so the patch once landed on `torch` and every
+    learner start built the op."""
+    import importlib
+
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 @dataclass
 class _Slot:
     """One trained set of parameters on a rank (the full model, or one adapter) and its DeepSpeed
@@ -128,11 +139,7 @@ class Learner:
                           WORLD_SIZE=str(cfg.world_size), LOCAL_WORLD_SIZE=str(cfg.world_size),
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         if not on_gpu:
-            # DeepSpeed g++-builds a shared-memory all-reduce op (~70 s) when its torch comm
-            # backend starts; it is only an inference fast path. Skip it on CPU.
-            import deepspeed.comm.torch as ds_torch_comm
-
-            ds_torch_comm.build_shm_op = lambda: None
+            skip_shm_comm_build()
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo",
                                    timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
         torch.manual_seed(self.seed)

@@ -155,3 +155,18 @@ def test_the_train_script_picks_a_preset_and_refuses_what_it_cannot_place_before
     assert "config error: learner.world_size=2 with learner.num_gpus=0.4" in proc.stderr
     assert "learner.num_gpus=1 (cluster=gpu_node)" in proc.stderr
     assert "Started a local Ray instance" not in proc.stderr + proc.stdout
+
+
+
+def test_learners_on_a_gpu_start_after_the_engines():
+    """A run starts CPU learner ranks before its fleet (they come up while the engines do), and
+    GPU ones after it (vLLM sizes its KV cache from the GPU memory free while it starts): with
+    the GPU preset nothing starts before the fleet. (No Ray runs here: a start would fail.)"""
+    from contextlib import ExitStack
+
+    from trainer.policy import start_learners
+
+    cfg = compose("train", ["experiment=smoke", "cluster=gpu", "ray.num_gpus=1"])
+    assert cfg.trainable_policies() and cfg.policy_learner("main").num_gpus > 0
+    with ExitStack() as stack:
+        assert start_learners(cfg, stack, gpu=False) == {}

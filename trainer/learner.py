@@ -81,6 +81,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def quiet_start(on_gpu: bool) -> None:
+    """Before DeepSpeed is imported: leave out what a learner start prints every time that is not
+    the user's to act on (DeepSpeed's notice that it found no GPU, the weights' progress bar,
+    torch's deprecation warning for a collective ZeRO calls)."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    if not on_gpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+
+
 def skip_shm_comm_build() -> None:
     """DeepSpeed g++-builds a shared-memory all-reduce op (20-70 s) whenever its torch comm backend
     starts; it is only an inference fast path, unused on CPU. Skip it. The module is reached
@@ -125,16 +139,18 @@ class Learner:
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def setup(self, master_addr: str, master_port: int) -> dict:
-        """Join the process group and build the DeepSpeed engine(s); all ranks must call it at once."""
+    def setup(self, master: tuple[str, int]) -> dict:
+        """Join the process group at rank 0's `master_address()` and build the DeepSpeed engine(s);
+        all ranks must call it at once."""
         import datetime
 
+        cfg, (master_addr, master_port) = self.cfg, master
+        on_gpu = cfg.num_gpus > 0
+        quiet_start(on_gpu)
         import deepspeed
         import torch
         from transformers import AutoModelForCausalLM
 
-        cfg = self.cfg
-        on_gpu = cfg.num_gpus > 0
         os.environ.update(RANK=str(self.rank), LOCAL_RANK="0" if on_gpu else str(self.rank),
                           WORLD_SIZE=str(cfg.world_size), LOCAL_WORLD_SIZE=str(cfg.world_size),
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))

@@ -30,23 +30,36 @@ class LearnerGroup:
 
     def __init__(self, model_path: str, cfg: LearnerConfig, loss: LossConfig, dtype: str = "float32",
                  seed: int = 0, pad_id: int = 0, setup_timeout_s: float = 900.0, name: str = "main", lora=None,
-                 adapters: dict | None = None):
+                 adapters: dict | None = None, wait: bool = True):
         """`lora`: a rollout.config.LoraConfig: the ranks train that adapter (policy `name`) on the
         frozen model. `adapters`: {policy: (LoraConfig, LearnerConfig)}: they train one adapter per
         policy on one copy of the frozen model, each with its own optimizer settings; `name` is
-        the group's, for messages."""
+        the group's, for messages. `wait=False`: return once the ranks are asked to start; they
+        come up (process, imports, DeepSpeed setup) while the caller goes on, and `ready()` waits."""
         if lora is not None:
             adapters = {name: (lora, cfg)}
         self.cfg, self.pad_id, self.name, self.adapters = cfg, pad_id, name, dict(adapters or {})
-        resources = actor_options(cfg)  # the same options the config checks and the placement tests read
-        cls = ray.remote(**resources)(Learner)
+        self._resources = actor_options(cfg)  # the same options the config checks and the placement tests read
+        self._setup_timeout_s = setup_timeout_s
+        cls = ray.remote(**self._resources)(Learner)
         self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed, self.adapters) for r in range(cfg.world_size)]
-        # every rank must enter DeepSpeed's rendezvous at the same time
-        [(addr, port)] = await_started(self.ranks, [self.ranks[0].master_address.remote()], setup_timeout_s,
-                                       f"learner rank 0 of {cfg.world_size}", resources)
-        infos = await_started(self.ranks, [r.setup.remote(addr, port) for r in self.ranks], setup_timeout_s,
-                              f"{cfg.world_size} learner ranks (DeepSpeed setup)", resources)
-        self.node_ids = [i["node_id"] for i in infos]  # where each rank runs
+        # every rank enters DeepSpeed's rendezvous at once, at rank 0's address: Ray hands each
+        # setup call that address when rank 0 has answered, so nothing here waits for it
+        address = self.ranks[0].master_address.remote()
+        self._setup: list | None = [r.setup.remote(address) for r in self.ranks]
+        self.node_ids: list[str] = []  # where each rank runs (once ready)
+        if wait:
+            self.ready()
+
+    def ready(self) -> LearnerGroup:
+        """Wait until every rank has started and set up DeepSpeed (at most `setup_timeout_s`); a
+        rank that failed or did not start kills them all and names what it asked for."""
+        if self._setup is not None:
+            infos = await_started(self.ranks, self._setup, self._setup_timeout_s,
+                                  f"{self.cfg.world_size} learner ranks of {self.name!r} (start, DeepSpeed setup)",
+                                  self._resources)
+            self.node_ids, self._setup = [i["node_id"] for i in infos], None
+        return self
 
     @property
     def lora(self):
@@ -89,7 +102,7 @@ class LearnerGroup:
                                f"({type(e).__name__})") from e
 
     def _ranks(self, ranks: list[int]) -> str:
-        nodes = getattr(self, "node_ids", [])
+        nodes = self.node_ids
         return ", ".join(f"rank {i}" + (f" on node {nodes[i][:12]}" if i < len(nodes) else "") for i in ranks)
 
     def train_step(self, batches: list[MicroBatch], adapter: str | None = None) -> dict[str, float]:
@@ -181,8 +194,16 @@ class AdapterLearners:
 
     def __init__(self, group: LearnerGroup, adapter: str):
         self.group, self.name = group, adapter
-        self.cfg, self.node_ids, self.ranks = group.cfg, group.node_ids, group.ranks
+        self.cfg, self.ranks = group.cfg, group.ranks
         self.lora = group.adapters[adapter][0]
+
+    @property
+    def node_ids(self) -> list[str]:
+        return self.group.node_ids
+
+    def ready(self) -> AdapterLearners:
+        self.group.ready()
+        return self
 
     def collect(self, what: str, refs: list) -> list:
         return self.group.collect(f"{what} (adapter {self.name!r})", refs)

@@ -38,7 +38,7 @@ from rollout.trace import Trace, write_jsonl
 from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer import checkpoint
 from trainer.metrics import RunLogger, paired_comparison, rollout_split, step_totals, write_atomic
-from trainer.policy import TrainedPolicy, trained_policies
+from trainer.policy import TrainedPolicy, start_learners, trained_policies
 from trainer.run_dir import check_run_dir, start_run_dir
 
 
@@ -52,8 +52,9 @@ def train(cfg: TrainJobConfig) -> dict:
 
     with ExitStack() as actors:
         # ---- actors: the rollout fleet, each trained policy's learners -------------------
+        learners = start_learners(cfg, actors, gpu=False)  # they come up while the engines start
         fleet = actors.enter_context(RolloutFleet(cfg))
-        policies = trained_policies(cfg, fleet, actors)
+        policies = trained_policies(cfg, fleet, actors, learners)
 
         # ---- resume, the logger, and the held-out eval before training ---------------------
         start, held = restore(policies, resume_from) if resume_from else (0, [])

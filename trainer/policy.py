@@ -24,6 +24,7 @@ import ray
 
 from rollout.client import ChatFormat
 from rollout.fleet import RolloutFleet
+from rollout.models import resolve_model
 from rollout.trace import Trace
 from trainer import checkpoint
 from trainer.advantages import compute_advantages
@@ -34,20 +35,41 @@ from trainer.packing import MicroBatch, Row, build_rows, pack, packing_stats, sh
 from trainer.weight_sync import CollectiveSync, ObjectStoreSync, SyncMethod
 
 
-def trained_policies(cfg: TrainJobConfig, fleet: RolloutFleet, stack: ExitStack) -> dict[str, TrainedPolicy]:
-    """Every trainable policy's bundle, in `stack`. LoRA policies on one base share one learner
-    group (cfg.learner_groups()), which `stack` shuts down after them."""
-    shared: dict[str, AdapterLearners] = {}
+def start_learners(cfg: TrainJobConfig, stack: ExitStack, gpu: bool) -> dict[str, LearnerGroup | AdapterLearners]:
+    """The learner ranks of every trainable policy whose ranks are on a GPU (`gpu`) or not, asked
+    to start without waiting, in `stack`. LoRA policies on one base share one group
+    (cfg.learner_groups()). A run starts the CPU ones before its fleet, so that they come up while
+    the engines do, and the GPU ones after: vLLM sizes its KV cache from the GPU memory free while
+    it starts, which a learner loading weights onto the same GPU would skew."""
+    learners: dict[str, LearnerGroup | AdapterLearners] = {}
     for group, members in cfg.learner_groups().items():
+        first = members[0]
+        learner = cfg.group_learner(members) if len(members) > 1 else cfg.policy_learner(first)
+        if (learner.num_gpus > 0) != gpu:
+            continue
+        model = cfg.policy_model(first)
+        path = resolve_model(model.name, model.path)
+        args = (path, learner, cfg.algorithm.loss, model.dtype, cfg.seed, ChatFormat.from_pretrained(path).pad_id)
         if len(members) > 1:
-            first = members[0]
-            path = fleet.model_paths[first]
-            learners = stack.enter_context(LearnerGroup(
-                path, cfg.group_learner(members), cfg.algorithm.loss, cfg.policy_model(first).dtype, cfg.seed,
-                ChatFormat.from_pretrained(path).pad_id, name=group,
-                adapters={p: (cfg.policy_lora(p), cfg.policy_learner(p)) for p in members}))
-            shared.update({p: learners.view(p) for p in members})
-    return {p: stack.enter_context(TrainedPolicy(cfg, p, fleet, shared.get(p))) for p in cfg.trainable_policies()}
+            shared = stack.enter_context(LearnerGroup(
+                *args, name=group, adapters={p: (cfg.policy_lora(p), cfg.policy_learner(p)) for p in members},
+                wait=False))
+            learners.update({p: shared.view(p) for p in members})
+        else:
+            learners[first] = stack.enter_context(LearnerGroup(*args, name=first, lora=cfg.policy_lora(first),
+                                                               wait=False))
+    return learners
+
+
+def trained_policies(cfg: TrainJobConfig, fleet: RolloutFleet, stack: ExitStack,
+                     started: dict[str, LearnerGroup | AdapterLearners] | None = None) -> dict[str, TrainedPolicy]:
+    """Every trainable policy's bundle, in `stack`, once its learners are ready: the CPU ones
+    `started` before the fleet (start_learners; None: start them now), the GPU ones started here."""
+    if started is None:
+        started = start_learners(cfg, stack, gpu=False)
+    started = {**started, **start_learners(cfg, stack, gpu=True)}
+    return {p: stack.enter_context(TrainedPolicy(cfg, p, fleet, started[p].ready()))
+            for p in cfg.trainable_policies()}
 
 
 class TrainedPolicy:

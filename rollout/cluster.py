@@ -92,7 +92,7 @@ def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed:
         restarts = cfg.max_restarts if stores.get(pool) else 0
         engines[pool] = [cls.options(max_concurrency=1000, max_restarts=restarts,
                                      name=f"tracerl-engine-{pool}-{i}-{uuid.uuid4().hex[:8]}").remote(
-            model_path, cfg, policy=pool, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i,
+            model_path, cfg, pool=pool, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i,
             stores=stores.get(pool), index=i, adapters=adapters.get(pool)) for i in range(cfg.num_engines)]
         asks[pool] = actor_options(cfg)
     # Surface a failed start (bad model, too little memory, no room to place it) here.

@@ -1,6 +1,6 @@
 """Engine: one vLLM engine behind a token-in, token-out interface (a Ray actor).
 
-    engine = ray.remote(num_cpus=1)(Engine).remote(model_path, EngineConfig(), policy="main")
+    engine = ray.remote(num_cpus=1)(Engine).remote(model_path, EngineConfig(), pool="main")
     [c] = await engine.generate.remote(prompt_ids, SamplingConfig(max_tokens=32))
     c.completion_ids, c.logprobs, c.finish_reason, c.version
 
@@ -78,10 +78,10 @@ def _dies_with_core(method):
 class Engine:
     """Owns one vLLM AsyncLLM. All methods are async: Ray runs it as an async actor."""
 
-    def __init__(self, model_path: str, cfg: EngineConfig, policy: str = "main",
+    def __init__(self, model_path: str, cfg: EngineConfig, pool: str = "main",
                  dtype: str = "float32", max_model_len: int = 2048, seed: int = 0,
                  stores: dict | None = None, index: int = 0, adapters: dict[str, LoraConfig] | None = None):
-        """`policy`: the pool's name (its policies joined by "+" when it serves adapters);
+        """`pool`: the engine pool's name (its policies joined by "+" when it serves adapters);
         `stores`: policy -> its WeightStore actor, for each policy whose weights this engine takes
         pushes of (none: always the weights in `model_path`); `index`: this engine's place in the
         pool (the stores count its starts); `adapters`: LoRA policy -> its adapter settings."""
@@ -91,7 +91,7 @@ class Engine:
 
         from rollout.engine_thread import ThreadedLLM
 
-        self.policy = policy
+        self.pool = pool
         self.version = 0  # of the base weights
         self.cfg = cfg
         self.model_path = model_path
@@ -112,7 +112,7 @@ class Engine:
             self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
-        print(f"[engine] {policy!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
+        print(f"[engine] pool {pool!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
               f"(vLLM imported in {t0 - since:.1f} s, core on a {core_kind(cfg)}: weights and KV cache "
               f"{self.start_s:.1f} s)", flush=True)
         self._active = 0  # requests in flight
@@ -131,7 +131,7 @@ class Engine:
         can never serve again, so it exits with an error and Ray restarts it (engine.max_restarts).
         os._exit, not ray.actor.exit_actor: Ray does not restart an actor that exits on purpose."""
         if self._llm.errored and not self._shut_down:
-            print(f"[engine] {self.policy!r} engine {self._index}: vLLM's engine core died; exiting so Ray "
+            print(f"[engine] pool {self.pool!r} engine {self._index}: vLLM's engine core died; exiting so Ray "
                   f"restarts this engine", flush=True)
             os._exit(1)
 
@@ -350,7 +350,7 @@ class Engine:
         await self._current()
 
         busy = self._busy_s + (time.perf_counter() - self._busy_since if self._active else 0.0)
-        return {"policy": self.policy, "version": self.version, "adapter_versions": dict(self.adapter_versions),
+        return {"pool": self.pool, "version": self.version, "adapter_versions": dict(self.adapter_versions),
                 "vocab_size": self.vocab_size,
                 "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
                 "busy_s": busy, "steps": self._clock.totals(), "active": self._active, "finished": self._finished, "pid": os.getpid(),

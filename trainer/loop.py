@@ -235,8 +235,9 @@ def eval_summary(initial: list[Trace], final: list[Trace]) -> dict:
 def policy_summary(fleet: RolloutFleet, policies: dict[str, TrainedPolicy]) -> dict:
     """What each trained policy got (tokens, versions, stale traces left out), and where the actors ran."""
     infos = fleet.engine_infos()
-    per_policy = {p: {**policy.summary(), "engine_nodes": [i["node_id"] for i in infos if i["policy"] == p],
-                      "engine_busy_s": sum(i["busy_s"] for i in infos if i["policy"] == p)}
+    serving = {p: [i for i in infos if p in fleet.pool_members[i["pool"]]] for p in policies}  # a pool serves several
+    per_policy = {p: {**policy.summary(), "engine_nodes": [i["node_id"] for i in serving[p]],
+                      "engine_busy_s": sum(i["busy_s"] for i in serving[p])}
                   for p, policy in policies.items()}
     return {"trainable_policies": list(policies), "policies": per_policy, "engine_restarts": fleet.engine_restarts(),
             "engines_hung": fleet.hung_restarts, "worker_restarts": fleet.worker_restarts,

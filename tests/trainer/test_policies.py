@@ -22,7 +22,7 @@ from rollout.trace import Trace
 from tests.conftest import read_metrics
 from trainer import checkpoint
 from trainer.config import compose, validate
-from trainer.loop import train
+from trainer.loop import policy_summary, train
 from trainer.policy import TrainedPolicy, trained_policies
 
 pytestmark = pytest.mark.e2e
@@ -97,6 +97,10 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
                 assert (served - theirs).abs().max() > 1e-3, "the other policy's weights differ"
                 info = ray.get(fleet.engines[name][0].info.remote(), timeout=60)
                 assert (info["adapter_versions"][name] if lora else info["version"]) == 1
+            # the run summary finds each policy's engines, also in the pool two adapters share
+            summary = policy_summary(fleet, policies)["policies"]
+            for name in ("solver_p", "verifier_p"):
+                assert len(summary[name]["engine_nodes"]) == 1 and summary[name]["engine_busy_s"] > 0, summary[name]
 
         # the same batch with the other policy's sequences removed trains each policy to the same weights
         for name, other in (("solver_p", "verifier_p"), ("verifier_p", "solver_p")):

@@ -46,7 +46,16 @@ at start naming the key. *Default* is the dataclass's; *conf/train.yaml* is what
 scripts/train.py` composes with no overrides (`model=tiny harness=single_turn task=chain_sum
 algorithm=grpo logger=wandb_offline cluster=local`) where that differs. Presets
 (`conf/<group>/*.yaml`, `experiment=...`) state only what they change. Cross-field rules
-(`validate()` in both config modules) run before Ray starts and name the key and the fix.
+(`validate()` in both config modules) run before Ray starts and name the key and the fix
+(`config error: ...`).
+
+Config groups (`<group>=<name>` on the command line): `model` (tiny, tiny_tied, smollm2_135m; the
+GPU presets qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, llama3.1-8b), `harness` (`conf/harness/`),
+`task` (chain_sum, basic_arithmetic, countdown, gsm_symbolic, file), `algorithm` (grpo, rloo,
+reinforce, grpo_per_agent), `logger` (wandb_offline, wandb, disabled), `cluster` (local, gpu,
+gpu_node, two_node_cpu, multinode_gpu; picked by the machine's GPUs when not given) and
+`experiment` (`conf/experiment/`). One `seed` seeds the tasks, every model call's sampling (with
+the trace id) and torch.
 """
 
 

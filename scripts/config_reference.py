@@ -80,10 +80,13 @@ def field_comments(cls: type) -> dict[str, str]:
     return out
 
 
-def type_name(hint, written: str) -> str:
-    """The type as a reader writes a value: an enum's choices, else the annotation as declared."""
+def type_name(hint, written) -> str:
+    """The type as a reader writes a value: an enum's choices, else the annotation as declared
+    (a string under `from __future__ import annotations`, else the type itself)."""
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return " \\| ".join(m.value for m in hint)
+    if not isinstance(written, str):
+        written = written.__name__ if isinstance(written, type) else str(written).replace("typing.", "")
     return written.replace("|", "\\|")
 
 
@@ -125,7 +128,7 @@ def rows(cls: type, prefix: str, composed) -> list[tuple[str, str, str, str, str
             continue
         default = default_of(f)
         given = show(sub) if isinstance(composed, dict) and f.name in composed else ""
-        out.append((key, type_name(hint, str(f.type)), show(default),
+        out.append((key, type_name(hint, f.type), show(default),
                     given if given != show(default) else "", comments.get(f.name, "")))
         optional = [t for t in typing.get_args(hint) if dataclasses.is_dataclass(t)]  # a section that may be off
         out += rows(optional[0], key + ".", sub) if optional else []
@@ -141,10 +144,10 @@ def table(entries, with_composed: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-def reference() -> str:
-    """The whole page, as this script writes it."""
+def reference(schema: type = TrainJobConfig) -> str:
+    """The whole page, as this script writes it (for the training job's `schema`)."""
     composed = OmegaConf.to_container(compose_raw(), resolve=False)
-    train = rows(TrainJobConfig, "", composed)
+    train = rows(schema, "", composed)
     sections: dict[str, list] = {}
     for entry in train:
         sections.setdefault(entry[0].split(".")[0] if "." in entry[0] else "top level", []).append(entry)

@@ -54,7 +54,7 @@ class LearnerConfig:
     optimizer: Optimizer = Optimizer.adamw  # a torch optimizer (DeepSpeed's own would g++-build ops)
     lr: float = 1e-5  # peak learning rate
     warmup_steps: int = 0  # linear warm-up from 0 to lr
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # the optimizer's weight decay (AdamW's decoupled; SGD's L2)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     grad_clip: float = 1.0  # max global grad norm (0 disables)
     micro_batch_tokens: int = 4096  # padded tokens per forward/backward

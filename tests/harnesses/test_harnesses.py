@@ -194,12 +194,12 @@ def test_selfplay_move_parsing(reply, stones, move):
 
 @pytest.mark.integration
 def test_readme_harness_example_runs(run_harness, tiny_tokenizer, tmp_path, monkeypatch):
-    """The second harness in README.md's "Write a harness" runs as written, per-agent rewards and all."""
+    """The second harness in docs/harnesses.md runs as written, per-agent rewards and all."""
     import re
     import sys
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "harnesses.md").read_text()
     [code] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "def propose_and_critique" in b]
     (tmp_path / "readme_harness.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -61,7 +61,7 @@ def check_bf16(r):
 def check_lora_ops(r):
     for ops in ("vllm", "grouped"):
         assert positive(*(r[ops][f"{b}_tokens_per_s"] for b in ("base", "a", "a+b", "base+a")))
-    # tracerl's ops leak no adapter into base requests (vLLM's CPU ops do: README, LoRA)
+    # tracerl's ops leak no adapter into base requests (vLLM's CPU ops do: docs/policies.md)
     assert r["grouped"]["base_requests_changed_by_batching_with_a"] == 0, r["grouped"]
     assert positive(r["a_speedup"])
 

@@ -93,7 +93,7 @@ def test_submit_to_two_node_cluster(tmp_path):
     # Ray's token auth on, explicitly: `ray start` alone turns it on only where a token exists
     env = {**os.environ, "RAY_AUTH_MODE": "token", "PYTHON": sys.executable}
     token = auth_token(env)
-    ray_start = ("bash", str(ROOT / "scripts/ray_start.sh"))  # the nodes start as the README says
+    ray_start = ("bash", str(ROOT / "scripts/ray_start.sh"))  # the nodes start as docs/clusters.md says
     # short temp dirs: Ray's unix socket paths must stay under 107 bytes
     short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))
     gcs, dash = free_port(), free_port()

@@ -1,7 +1,8 @@
 """vLLM alone: what the rollout path is measured against (scripts/bench/rollout_path.py, bf16.py).
 
-Generates with vLLM's AsyncLLM in this process, every prompt submitted at once, with the engine
-args and sampling the Engine actor uses, so the difference to the path is the path's own cost."""
+Generates with vLLM in this process, every prompt submitted at once, with the engine args,
+sampling and engine core (`engine.core`: vLLM's AsyncLLM, or its LLMEngine on a thread) the
+Engine actor uses, so the difference to the path is the path's own cost."""
 
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ import time
 import uuid
 
 from rollout.config import EngineConfig, SamplingConfig
-from rollout.engine_args import bind_cpu_cores, engine_args, sampling_params
+from rollout.engine_args import _vllm_env, bind_cpu_cores, core_kind, engine_args, sampling_params
 
 
 def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,
                engine: EngineConfig, rounds: int, dtype: str = "float32") -> list[dict]:
     """After a warm-up on 4 prompts, `rounds` times: {"tokens": generated, "seconds": wall} of
     every prompt at once."""
-    from vllm.v1.engine.async_llm import AsyncLLM
-
+    _vllm_env(engine.vllm_log_level)  # the engines' quiet start
     bind_cpu_cores(engine)  # the cores the fleets' engines take (engine.cpu_cores)
-    llm = AsyncLLM.from_engine_args(engine_args(model_path, engine, dtype))
+    args = engine_args(model_path, engine, dtype)
+    if core_kind(engine) == "thread":
+        from rollout.engine_thread import ThreadedLLM
+
+        llm = ThreadedLLM(args, start_timeout_s=engine.start_timeout_s)
+    else:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        llm = AsyncLLM.from_engine_args(args)
     params = sampling_params(sampling)
 
     async def one(ids: list[int]) -> int:

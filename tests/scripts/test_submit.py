@@ -60,12 +60,6 @@ def stop(nodes) -> None:
         p.wait(timeout=60)
 
 
-def auth_token(env: dict) -> str:
-    """The token every node and the CLI use: made once per machine in ~/.ray/auth_token."""
-    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=60)
-    return (Path.home() / ".ray" / "auth_token").read_text().strip()
-
-
 def get(url: str, token: str | None = None) -> int:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
@@ -73,70 +67,6 @@ def get(url: str, token: str | None = None) -> int:
             return r.status
     except urllib.error.HTTPError as e:  # an answer: the server is up
         return e.code
-
-
-def wait_for_dashboard(url: str, token: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            status = get(url, token)
-            assert status == 200, f"dashboard {url} answered {status} to an authenticated request"
-            return
-        except urllib.error.URLError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)  # an external process coming up: nothing to block on
-
-
-@pytest.mark.e2e
-def test_submit_to_two_node_cluster(tmp_path):
-    # Ray's token auth on, explicitly: `ray start` alone turns it on only where a token exists
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "PYTHON": sys.executable}
-    token = auth_token(env)
-    ray_start = ("bash", str(ROOT / "scripts/ray_start.sh"))  # the nodes start as docs/clusters.md says
-    # short temp dirs: Ray's unix socket paths must stay under 107 bytes
-    short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))
-    gcs, dash = free_port(), free_port()
-    logs = open(tmp_path / "ray.log", "w")
-    nodes = [start([f"--port={gcs}", "--head", "--num-cpus=2", f"--dashboard-port={dash}",
-                    "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={short / 'head'}",
-                    f"--ray-client-server-port={free_port()}",
-                    '--resources={"rollout_node": 1}'], env, logs, ray_start)]
-    try:
-        wait_for_dashboard(f"http://127.0.0.1:{dash}/api/version", token)
-        assert get(f"http://127.0.0.1:{dash}/api/version") == 401, "the dashboard must refuse a request without the token"
-        nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={short / 'node2'}",
-                            '--resources={"learner_node": 1, "critic_node": 1}'], env, logs, ray_start))
-        run_dir = tmp_path / "run"
-        for _ in range(24):  # the head's job agent starts a little after its dashboard
-            proc = subprocess.run(
-                ["bash", "scripts/submit.sh", "experiment=smoke", "cluster=two_node_cpu", "trainer.steps=2",
-                 "eval.size=4", f"run_dir={run_dir}", "harness=solver_verifier", "agents.verifier=critic",
-                 "+policies.critic.engine.resources={critic_node:0.5}", "+policies.critic.learner.world_size=1",
-                 "+policies.critic.learner.resources={critic_node:0.25}"],
-                cwd=ROOT, env={**env, "RAY_ADDRESS": f"http://127.0.0.1:{dash}"}, capture_output=True,
-                text=True, timeout=900)
-            if "No available agent to submit job" not in proc.stderr:
-                break
-            time.sleep(5)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-        assert "succeeded" in proc.stdout + proc.stderr
-        summary = json.loads((run_dir / "summary.json").read_text())
-        main, critic = summary["policies"]["main"], summary["policies"]["critic"]
-        [head] = main["engine_nodes"]
-        assert len(main["learner_nodes"]) == 2 and set(main["learner_nodes"]) != {head}, "main's ranks on node 2"
-        [node2] = set(main["learner_nodes"])
-        assert critic["engine_nodes"] == [node2] and critic["learner_nodes"] == [node2], "critic on node 2"
-        assert main["trained_tokens"] > 0 and critic["trained_tokens"] > 0 and critic["version"] == 2
-        # weights crossed nodes over each policy's collective group (learners on node 2, main's engine on the head)
-        assert main["sync"] == critic["sync"] == "CollectiveSync"
-        pushes = [m[f"sync/{p}/fallbacks"] for m in read_metrics(run_dir) for p in ("main", "critic")
-                  if f"sync/{p}/seconds" in m]
-        assert len(pushes) == 4 and not any(pushes), pushes
-    finally:
-        stop(nodes)
-        logs.close()
-        shutil.rmtree(short, ignore_errors=True)
 
 
 # ---- token auth on a fresh head ------------------------------------------------------------
@@ -195,39 +125,88 @@ PRINT_ONE = ["submit", "--", sys.executable, "-c", "print('job', 'ran')"]  # pri
 
 
 @pytest.mark.e2e
-def test_ray_start_head_refuses_jobs_without_the_token(tmp_path):
-    head_env = fresh_machine(tmp_path / "head")
-    head, url, short = start_head(["bash", str(ROOT / "scripts/ray_start.sh")], head_env, tmp_path)
+def test_submit_to_two_node_cluster(tmp_path):
+    """The README's cluster, from fresh machines: the head made with scripts/ray_start.sh makes its
+    token and refuses jobs without it; a job submitted with it trains two policies over two nodes."""
+    cache = os.environ.get("TRACERL_CACHE", str(Path.home() / ".cache" / "tracerl"))  # the built models
+    env = fresh_machine(tmp_path / "cluster", TRACERL_CACHE=cache)  # both nodes: one machine's HOME
+    ray_start = ("bash", str(ROOT / "scripts/ray_start.sh"))  # the nodes start as the README says
+    # short temp dirs: Ray's unix socket paths must stay under 107 bytes
+    short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))
+    gcs, dash = free_port(), free_port()
+    url = f"http://127.0.0.1:{dash}"
+    logs = open(tmp_path / "ray.log", "w")
+    nodes = [start([f"--port={gcs}", "--head", "--num-cpus=2", f"--dashboard-port={dash}",
+                    "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={short / 'head'}",
+                    f"--ray-client-server-port={free_port()}",
+                    '--resources={"rollout_node": 1}'], env, logs, ray_start)]
     try:
-        assert auth_mode(url) == "token", (tmp_path / "head.log").read_text()[-3000:]
-        token_file = tmp_path / "head" / ".ray" / "auth_token"
-        assert token_file.stat().st_mode & 0o077 == 0, "the generated token is readable by others"
-        token = token_file.read_text().strip()
-
-        client = fresh_machine(tmp_path / "client")  # another machine: no token
-        refused = ray_job(PRINT_ONE, url, client)
-        assert refused.returncode != 0 and "job ran" not in refused.stdout, refused.stdout + refused.stderr
-        assert "Authentication required" in refused.stdout + refused.stderr, refused.stderr[-2000:]
-        wrong = ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32})
-        assert wrong.returncode != 0 and "Authentication failed" in wrong.stdout + wrong.stderr, wrong.stderr[-2000:]
-        # submit.sh says what is missing before it uploads anything
-        script = subprocess.run(["bash", "scripts/submit.sh", "trainer.steps=1"], cwd=ROOT,
-                                env={**client, "RAY_ADDRESS": url}, capture_output=True, text=True, timeout=120)
-        assert script.returncode != 0 and "requires a token" in script.stderr, script.stderr[-2000:]
-
-        with_token = {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
-        accepted = ray_job(PRINT_ONE, url, with_token)
-        assert accepted.returncode == 0 and "job ran" in accepted.stdout, accepted.stdout + accepted.stderr
-        # submit.sh finds the token where the CLI does and sends it (RAY_AUTH_MODE unset here)
-        script = subprocess.run(["bash", "scripts/submit.sh", "--help"], cwd=ROOT,
-                                env={**client, "RAY_ADDRESS": url, "RAY_AUTH_TOKEN": token}, capture_output=True,
-                                text=True, timeout=300)
-        assert script.returncode == 0 and "Powered by Hydra" in script.stdout, script.stdout + script.stderr
-        jobs = ray_job(["list"], url, with_token)
-        assert jobs.stdout.count("submission_id=") == 2, f"only the jobs with the token ran: {jobs.stdout}"
+        token = refuses_jobs_without_the_token(url, tmp_path)
+        nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={short / 'node2'}",
+                            '--resources={"learner_node": 1, "critic_node": 1}'], env, logs, ray_start))
+        run_dir = tmp_path / "run"
+        client = fresh_machine(tmp_path / "client", TRACERL_CACHE=cache, RAY_AUTH_TOKEN=token)
+        for _ in range(24):  # the head's job agent starts a little after its dashboard
+            proc = subprocess.run(
+                ["bash", "scripts/submit.sh", "experiment=smoke", "cluster=two_node_cpu", "trainer.steps=2",
+                 "eval.size=4", f"run_dir={run_dir}", "harness=solver_verifier", "agents.verifier=critic",
+                 "+policies.critic.engine.resources={critic_node:0.5}", "+policies.critic.learner.world_size=1",
+                 "+policies.critic.learner.resources={critic_node:0.25}"],
+                cwd=ROOT, env={**client, "RAY_ADDRESS": url}, capture_output=True, text=True, timeout=900)
+            if "No available agent to submit job" not in proc.stderr:
+                break
+            time.sleep(5)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        assert "succeeded" in proc.stdout + proc.stderr
+        jobs = ray_job(["list"], url, {**client, "RAY_AUTH_MODE": "token"})
+        # with the token: the one-line job, submit.sh --help, the training job; none without it
+        assert jobs.stdout.count("submission_id=") == 3, f"only the jobs with the token ran: {jobs.stdout}"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        main, critic = summary["policies"]["main"], summary["policies"]["critic"]
+        [head] = main["engine_nodes"]
+        assert len(main["learner_nodes"]) == 2 and set(main["learner_nodes"]) != {head}, "main's ranks on node 2"
+        [node2] = set(main["learner_nodes"])
+        assert critic["engine_nodes"] == [node2] and critic["learner_nodes"] == [node2], "critic on node 2"
+        assert main["trained_tokens"] > 0 and critic["trained_tokens"] > 0 and critic["version"] == 2
+        # weights crossed nodes over each policy's collective group (learners on node 2, main's engine on the head)
+        assert main["sync"] == critic["sync"] == "CollectiveSync"
+        pushes = [m[f"sync/{p}/fallbacks"] for m in read_metrics(run_dir) for p in ("main", "critic")
+                  if f"sync/{p}/seconds" in m]
+        assert len(pushes) == 4 and not any(pushes), pushes
     finally:
-        stop([head])
+        stop(nodes)
+        logs.close()
         shutil.rmtree(short, ignore_errors=True)
+
+
+def refuses_jobs_without_the_token(url: str, tmp_path: Path) -> str:
+    """A head started with scripts/ray_start.sh on a fresh machine (HOME tmp_path/cluster): it made
+    a token only its user reads, refuses jobs without it or with a wrong one (submit.sh says what
+    is missing before it uploads anything), and runs one with it. Returns the token."""
+    assert auth_mode(url) == "token", (tmp_path / "ray.log").read_text()[-3000:]
+    token_file = tmp_path / "cluster" / ".ray" / "auth_token"
+    assert token_file.stat().st_mode & 0o077 == 0, "the generated token is readable by others"
+    token = token_file.read_text().strip()
+    assert get(f"{url}/api/version", token) == 200 and get(f"{url}/api/version") == 401, "the dashboard wants it"
+
+    client = fresh_machine(tmp_path / "no_token")  # another machine: no token
+    refused = ray_job(PRINT_ONE, url, client)
+    assert refused.returncode != 0 and "job ran" not in refused.stdout, refused.stdout + refused.stderr
+    assert "Authentication required" in refused.stdout + refused.stderr, refused.stderr[-2000:]
+    wrong = ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32})
+    assert wrong.returncode != 0 and "Authentication failed" in wrong.stdout + wrong.stderr, wrong.stderr[-2000:]
+    script = subprocess.run(["bash", "scripts/submit.sh", "trainer.steps=1"], cwd=ROOT,
+                            env={**client, "RAY_ADDRESS": url}, capture_output=True, text=True, timeout=120)
+    assert script.returncode != 0 and "requires a token" in script.stderr, script.stderr[-2000:]
+
+    accepted = ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    assert accepted.returncode == 0 and "job ran" in accepted.stdout, accepted.stdout + accepted.stderr
+    # submit.sh finds the token where the CLI does and sends it (RAY_AUTH_MODE unset here)
+    script = subprocess.run(["bash", "scripts/submit.sh", "--help"], cwd=ROOT,
+                            env={**client, "RAY_ADDRESS": url, "RAY_AUTH_TOKEN": token}, capture_output=True,
+                            text=True, timeout=300)
+    assert script.returncode == 0 and "Powered by Hydra" in script.stdout, script.stdout + script.stderr
+    return token
 
 
 @pytest.mark.e2e

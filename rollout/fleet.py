@@ -149,7 +149,8 @@ class RolloutFleet:
         given, hears how many runs have finished, every `progress_s` seconds until all have."""
         n = len(self.workers)
         shares = {i: list(range(i, size, n)) for i in range(n)}
-        pending = {w.evaluate.remote(shares[i], sampling, samples): i for i, w in enumerate(self.workers) if shares[i]}
+        pending = {w.evaluate.remote(shares[i], sampling, samples): i
+                   for i, w in enumerate(self.workers) if shares[i]}
         deadline = time.monotonic() + timeout_s
         traces: list = [None] * (size * samples)
         start = self._episodes_run() if progress else 0

@@ -102,12 +102,23 @@ def with_weights(cfg: TrainJobConfig, weights: dict[str, Weights]) -> TrainJobCo
     cfg = copy.deepcopy(cfg)
     for p, w in weights.items():
         own = dict(cfg.policies.get(p) or {})
-        own["model"] = {**dict(own.get("model") or {}), **w.model}
-        own["model"].pop("path" if "name" in w.model else "name", None)
+        if not (w.adapter is not None and _same_folder(w.model, cfg.policy_model(p))):
+            # (an adapter on the config's own model keeps it: its engines stay shared as in training)
+            own["model"] = {**dict(own.get("model") or {}), **w.model}
+            own["model"].pop("path" if "name" in w.model else "name", None)
         if w.lora is not None:
             own["lora"] = w.lora
         cfg.policies[p] = own
     return cfg
+
+
+def _same_folder(model: dict, configured) -> bool:
+    """Whether `model` (policies.<p>.model overrides) is the model folder `configured` resolves to."""
+    from rollout.models import resolve_model
+
+    if "path" not in model:
+        return model.get("name") == configured.name and configured.path is None
+    return Path(model["path"]).resolve() == Path(resolve_model(configured.name, configured.path)).resolve()
 
 
 # ---- running it ---------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from trainer.config import TrainJobConfig
 class Weights:
     """What one trained policy is evaluated with."""
 
-    model: dict  # policies.<policy>.model: {"name": built-in} or {"path": HF folder}
+    model: dict  # policies.<policy>.model: {"name": built-in} or {"path": HF folder}; {}: the config's
     lora: dict | None = None  # policies.<policy>.lora: an adapter's rank, alpha and target modules
     adapter: Path | None = None  # the adapter folder pushed into the engines once they are up
     source: str = ""  # where the weights come from, for the report
@@ -102,7 +102,7 @@ def with_weights(cfg: TrainJobConfig, weights: dict[str, Weights]) -> TrainJobCo
     cfg = copy.deepcopy(cfg)
     for p, w in weights.items():
         own = dict(cfg.policies.get(p) or {})
-        if not (w.adapter is not None and _same_folder(w.model, cfg.policy_model(p))):
+        if w.model and not (w.adapter is not None and _same_folder(w.model, cfg.policy_model(p))):
             # (an adapter on the config's own model keeps it: its engines stay shared as in training)
             own["model"] = {**dict(own.get("model") or {}), **w.model}
             own["model"].pop("path" if "name" in w.model else "name", None)

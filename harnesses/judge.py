@@ -11,7 +11,8 @@ on the rewards it hands out learns to please itself), so its sequences carry no 
 The judge's prompt is `verifier_options.template`, with `{question}`, `{answer}` (the model's
 whole output) and `{gold}` (the item's gold answer) filled in; other braces stay as written.
 Its reply is hostile input too: only the last `<answer>...</answer>` is read (linear scan, no
-evaluation), at most `max_verdict_chars` long; `verdict=yes_no` scores `yes` 1 and `no` 0,
+evaluation), at most `max_verdict_chars` long (with `verdict=yes_no` and `first_word`, a reply
+without the tag may start with its verdict: "No, ..."); `verdict=yes_no` scores `yes` 1 and `no` 0,
 `verdict=score` a plain number S in [0, max_score] as S / max_score. Anything else, and an
 answer over `max_chars` (not sent to the judge), scores 0, and the trace's info["scoring"]
 says why.
@@ -33,6 +34,7 @@ TEMPLATE = ("Question: {question}\nReference answer: {gold}\nProposed answer: {a
             "Reply with <answer>yes</answer> or <answer>no</answer>.")
 VERDICTS = ("yes_no", "score")
 _PLACEHOLDER = re.compile(r"\{(question|answer|gold)\}")
+_FIRST_WORD = re.compile(r"\s{0,100}([A-Za-z]{1,10})")  # anchored and bounded: a hostile reply costs nothing
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Judge(Verifier):
     max_verdict_chars: int = 20  # a longer <answer> in the judge's reply is refused: 0
     max_tokens: int = 64  # the judge's reply budget
     temperature: float = 0.0  # the judge's sampling temperature (0: greedy, one verdict per answer)
+    first_word: bool = True  # verdict=yes_no: a reply with no <answer> tag that starts with yes or no says so
 
     @property
     def needs_answer(self) -> bool:
@@ -89,6 +92,9 @@ class Judge(Verifier):
     def read_verdict(self, reply: str) -> float:
         """The reward the judge's `reply` gives; 0.0 with a scoring note when it gives none."""
         content = extract_answer(reply, numeric_fallback=False)
+        if content is None and self.verdict == "yes_no" and self.first_word:
+            word = _FIRST_WORD.match(reply)
+            content = word[1] if word and word[1].casefold() in ("yes", "no") else None
         if content is None:
             note_scoring(f"judge verdict refused: no <answer> tag in its reply ({len(reply)} characters)")
             return 0.0

@@ -24,6 +24,7 @@ def verdict(reply: str, **options) -> tuple[float, list[str]]:
 @pytest.mark.parametrize("reply, reward", [
     ("It matches. <answer>yes</answer>", 1.0), ("<answer> YES. </answer>", 1.0), ("<answer>no</answer>", 0.0),
     ("<answer>no</answer> wait <answer>yes</answer>", 1.0),  # the last tag rules
+    ("Yes, it does.", 1.0), ("  no", 0.0), ("No. <answer>yes</answer>", 1.0),  # untagged: the first word
 ])
 def test_yes_no_verdicts(reply, reward):
     assert verdict(reply) == (reward, [])
@@ -31,7 +32,8 @@ def test_yes_no_verdicts(reply, reward):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("reply, options, why", [
-    ("yes", {}, "no <answer> tag"),
+    ("yes", {"first_word": False}, "no <answer> tag"),
+    ("Yesterday it was 3", {}, "no <answer> tag"), ("The answer is yes", {}, "no <answer> tag"),
     ("<answer>maybe</answer>", {}, "neither yes nor no"),
     ("<answer>" + "yes " * 50 + "</answer>", {}, "the limit is 20"),
     ("<answer>9**9**9</answer>", {"verdict": "score"}, "not a number"),

@@ -37,9 +37,9 @@ from omegaconf.errors import OmegaConfBaseException
 from rollout.cluster import start_ray
 from rollout.models import resolve_model
 from rollout.placement import pick_cluster, visible_gpus
+from rollout.config import RolloutJobConfig
 from rollout.trace import Trace, write_jsonl
 from rollout.view import build_view, load_decode, render_page
-from rollout.config import RolloutJobConfig
 from trainer.config import TrainJobConfig, compose, validate
 from trainer.evaluation import Weights, eval_sampling, evaluate_weights, report, weights_for, with_weights
 from trainer.metrics import paired_comparison, write_atomic
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             print(f"[evaluate] {label}: " + ", ".join(f"{p} <- {w.source}" for p, w in weights.items()), flush=True)
             traces[label] = evaluate_weights(run_cfg, weights, sampling, args.samples,
-                                             progress_line(label, cfg.eval.size * args.samples, t0))
+                                             progress_line(label, cfg.eval.size * args.samples, t0), args.progress_s)
             rep = report(traces[label], weights, args.k, args.samples)
             result[label] = {**dataclasses.asdict(rep), "wall_s": round(time.perf_counter() - t0, 1),
                              **write_traces(args.out, label, traces[label], run_cfg, f"{label}: {rep.source}")}

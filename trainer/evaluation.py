@@ -124,7 +124,7 @@ def _same_folder(model: dict, configured) -> bool:
 # ---- running it ---------------------------------------------------------------------------------
 
 def evaluate_weights(cfg: TrainJobConfig, weights: dict[str, Weights], sampling: SamplingConfig, samples: int,
-                     progress: Callable[[int], None] | None = None) -> list[Trace]:
+                     progress: Callable[[int], None] | None = None, progress_s: float = 10.0) -> list[Trace]:
     """Start a rollout fleet for `cfg` (already with_weights), push any adapters, and run the
     first eval.size held-out tasks `samples` times each. Ray must be up."""
     import ray
@@ -138,7 +138,7 @@ def evaluate_weights(cfg: TrainJobConfig, weights: dict[str, Weights], sampling:
                 ray.get(fleet.stores[p].publish.remote(1, [ref]), timeout=60)  # a restarted engine loads it too
                 ray.get([e.update_weights.remote(1, ref, p) for e in fleet.engines[p]],
                         timeout=cfg.policy_engine(p).sync_timeout_s)
-        return fleet.evaluate(cfg.eval.size, sampling, cfg.eval.timeout_s, samples, progress)
+        return fleet.evaluate(cfg.eval.size, sampling, cfg.eval.timeout_s, samples, progress, progress_s)
 
 
 # ---- what it says ------------------------------------------------------------------------------

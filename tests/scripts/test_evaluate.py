@@ -114,7 +114,8 @@ def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(ray_cluster, tmp_
     assert result["eval_paired"] == summary["eval_paired"] and result["eval_paired"]["questions"] == 16
     assert result["model"]["failed"] == 0 and result["model"]["pass_at_k"] == summary["final_eval"]["eval/success"]
     for label, step in (("model", 2), ("baseline", 0)):  # the same generated tokens, item by item
-        ours, runs = read_jsonl(out.with_suffix(f".{label}.jsonl")), read_jsonl(tmp_path / f"run/eval/step_{step}.jsonl")
+        ours = read_jsonl(out.with_suffix(f".{label}.jsonl"))
+        runs = read_jsonl(tmp_path / f"run/eval/step_{step}.jsonl")
         assert [(t.id, t.sequences[0].completion_ids) for t in ours] == [
             (t.id, t.sequences[0].completion_ids) for t in runs]
         assert "<html" in out.with_suffix(f".{label}.html").read_text()[:200]

@@ -18,7 +18,6 @@ Harnesses and tasks import no Ray, torch or vLLM.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import copy
@@ -46,7 +45,7 @@ class Task(Protocol):
     def score(self, text: str) -> float | Awaitable[float]:
         """Reward in [0, 1] for a model's final output text. A task whose verifier asks a model
         (the LLM judge: harnesses/judge.py) returns an awaitable: a harness may await it or return
-        it as (part of) its reward, and the rollout worker awaits it (`ScoringScope.settle`)."""
+        it as (part of) its reward, and the rollout worker awaits it (harnesses/scoring.py)."""
         ...
 
 
@@ -73,70 +72,6 @@ def note_scoring(reason: str) -> None:
     notes = _SCORING_NOTES.get()
     if notes is not None:
         notes.append(reason)
-
-
-# The agents of the episode being run, for a verifier that asks a model (the LLM judge): the
-# rollout worker opens a `ScoringScope` around each episode. A ContextVar, as the notes above.
-_SCOPE: contextvars.ContextVar[ScoringScope | None] = contextvars.ContextVar("scoring_scope", default=None)
-
-
-class ScoringScope:
-    """One episode's agents and the model-asking scores started in it (asyncio tasks). `settle`
-    waits for every one and puts their values where the harness's result holds them; leaving
-    the scope cancels any still running (a failed or timed-out episode)."""
-
-    def __init__(self, agents: dict):
-        self.agents = agents
-        self.pending: list[asyncio.Task] = []
-
-    def __enter__(self) -> ScoringScope:
-        self._token = _SCOPE.set(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _SCOPE.reset(self._token)
-        for task in self.pending:
-            task.cancel()
-
-    async def settle(self, value: Any) -> Any:
-        """`value` (what the harness returned) with every score it holds awaited, once all the
-        episode's scores are done (so the trace holds all their sequences)."""
-        await asyncio.gather(*self.pending)
-        return _settled(value)
-
-
-def _settled(value: Any) -> Any:
-    if isinstance(value, asyncio.Future):
-        return value.result()
-    if isinstance(value, HarnessResult):
-        return HarnessResult(_settled(value.reward), _settled(value.agent_rewards), _settled(value.info))
-    if isinstance(value, dict):
-        return {k: _settled(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_settled(v) for v in value]
-    return value
-
-
-def scoring_agent(role: str, key: str):
-    """The episode's agent for `role`, for the verifier configured at `key`; ValueError when no
-    episode is running or no agent plays `role`."""
-    scope = _SCOPE.get()
-    if scope is None:
-        raise ValueError(f"{key} asks a model, so it scores only inside a rollout episode (a RolloutWorker "
-                         f"running a harness), where the agents are")
-    if role not in scope.agents:
-        raise ValueError(f"{key}: no agent plays role {role!r} in this episode (agents: {sorted(scope.agents)}); "
-                         f"map it to a frozen policy, e.g. +agents.{role}=frozen")
-    return scope.agents[role]
-
-
-def defer_score(score: Awaitable[float]) -> asyncio.Task:
-    """Start `score` (a coroutine) in the running episode; the awaitable a task's score() returns."""
-    scope = _SCOPE.get()
-    assert scope is not None, "defer_score outside a ScoringScope: call scoring_agent first"
-    task = asyncio.get_running_loop().create_task(score)
-    scope.pending.append(task)
-    return task
 
 
 def normalize_question(text: str) -> str:

@@ -26,7 +26,8 @@ from decimal import Decimal
 from typing import Any
 
 from harnesses.answers import extract_answer, is_plain_number
-from harnesses.base import defer_score, note_scoring, scoring_agent
+from harnesses.base import note_scoring
+from harnesses.scoring import defer_score, scoring_agent
 from harnesses.verifiers import KEY, Verifier
 
 TEMPLATE = ("Question: {question}\nReference answer: {gold}\nProposed answer: {answer}\n\n"

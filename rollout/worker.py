@@ -14,7 +14,8 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from harnesses.base import ScoringScope, as_result, collect_scoring_notes, load_harness
+from harnesses.base import as_result, collect_scoring_notes, load_harness
+from harnesses.scoring import ScoringScope
 from rollout.client import Agent, ChatFormat, TraceRecorder
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
 from rollout.router import EngineError, Router

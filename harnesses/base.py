@@ -42,8 +42,10 @@ class Task(Protocol):
     prompt: str  # the question plus the answer-format instruction: what a model is sent
     answer: str | None  # the gold answer, when there is one
 
-    def score(self, text: str) -> float:
-        """Reward in [0, 1] for a model's final output text."""
+    def score(self, text: str) -> float | Awaitable[float]:
+        """Reward in [0, 1] for a model's final output text. A task whose verifier asks a model
+        (the LLM judge: harnesses/judge.py) returns an awaitable: a harness may await it or return
+        it as (part of) its reward, and the rollout worker awaits it (harnesses/scoring.py)."""
         ...
 
 
@@ -117,6 +119,11 @@ class TaskSource(ABC):
     def default_instruction(self) -> str | None:
         """The answer-format line appended to questions when `instruction` is None."""
         return None
+
+    def scoring_roles(self) -> list[str]:
+        """Agent roles that the tasks' scoring asks (an LLM judge's); each must be mapped to a
+        frozen policy (rollout/config.py checks)."""
+        return []
 
     @property
     def eval_draws(self) -> int:

@@ -42,7 +42,7 @@ class FileTaskParams:
     template: str | None = None  # the question as sent, e.g. "Q: {question}" (placeholders: question, metadata fields)
     eval_path: str | None = None  # a file of held-out items (same fields); None: held out from `path`
     format: str = "auto"  # jsonl | json | csv | parquet | hf; auto: by suffix (a folder: hf)
-    verifier: str = "exact"  # exact | numeric | math | regex | choice | package.module:function
+    verifier: str = "exact"  # exact | numeric | math | regex | choice | judge | package.module:function
     verifier_options: dict[str, Any] = field(default_factory=dict)  # the verifier's fields (harnesses/verifiers.py)
     shuffle: bool = True  # training order shuffled with the run's seed (else file order)
 
@@ -58,8 +58,9 @@ class FileTask:
     metadata: dict[str, Any]
     verifier: Verifier
 
-    def score(self, text: str) -> float:
-        return self.verifier.score(text, self.answer, self.metadata)
+    def score(self, text: str):
+        """A float, or an awaitable one for the LLM judge (harnesses/base.py: Task.score)."""
+        return self.verifier.score(text, self.answer, self.metadata, question=self.question)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,9 @@ class FileTasks(TaskSource):
 
     def default_instruction(self) -> str:
         return self.verifier.instruction
+
+    def scoring_roles(self) -> list[str]:
+        return self.verifier.roles()
 
     def __repr__(self) -> str:
         return f"FileTasks({self.name!r}, path={self.options.path!r}, size={self.size}, eval_size={self.eval_size})"

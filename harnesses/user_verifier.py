@@ -41,7 +41,7 @@ class UserFunction(Verifier):
         except (TypeError, ValueError) as e:
             raise ValueError(f"{KEY}={self.target!r} must take (completion, answer, metadata): {e}") from None
 
-    def score(self, text: str, gold: str | None, metadata: dict[str, Any]) -> float:
+    def score(self, text: str, gold: str | None, metadata: dict[str, Any], question: str | None = None) -> float:
         reward = _sandbox(self.timeout_s).call(_call_user_function, self.target, text, gold, metadata)
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not 0 <= reward <= 1:
             raise ValueError(f"{KEY}={self.target!r} returned {reward!r}; a reward is a number in [0, 1]")

@@ -11,6 +11,7 @@
 * `regex`: the answer fully matches the item's gold answer taken as a pattern
   (the `regex` engine, whose matching stops at `timeout_s`).
 * `choice`: multiple choice, one letter of `letters` (`B`, `(B)`, `B.` and `B)` read as B).
+* `judge`: an LLM judge, a frozen model asked in the episode (harnesses/judge.py).
 * `package.module:function`: a user function `function(completion, answer, metadata)`
   returning a reward in [0, 1], imported at start and run in a sandbox process
   (harnesses/user_verifier.py).
@@ -62,7 +63,11 @@ class Verifier:
     def check_gold(self, gold: str) -> None:
         """Raise ValueError saying why `gold` cannot be scored against (a data error, found at start)."""
 
-    def score(self, text: str, gold: str | None, metadata: dict[str, Any]) -> float:
+    def roles(self) -> list[str]:
+        """Agent roles its scoring asks (the LLM judge's); none for a function of the text."""
+        return []
+
+    def score(self, text: str, gold: str | None, metadata: dict[str, Any], question: str | None = None) -> float:
         answer = self.read(text)
         if answer is None:
             return 0.0
@@ -259,12 +264,17 @@ def make_verifier(spec: str, options: dict[str, Any]) -> Verifier:
     ValueError naming the key if either is bad (a user function is imported here)."""
     if spec in BUILT_IN:
         cls, fields = BUILT_IN[spec], dict(options)
+    elif spec == "judge":
+        from harnesses.judge import Judge  # it imports this module
+
+        cls, fields = Judge, dict(options)
     elif ":" in spec:
         from harnesses.user_verifier import UserFunction  # it imports this module
 
         cls, fields = UserFunction, {**options, "target": spec}
     else:
-        raise ValueError(f"{KEY}={spec!r}: one of {', '.join(BUILT_IN)}, or a function as package.module:function")
+        raise ValueError(f"{KEY}={spec!r}: one of {', '.join(BUILT_IN)}, judge (an LLM judge: harnesses/judge.py), "
+                         f"or a function as package.module:function")
     known = {f.name for f in dataclasses.fields(cls)} - {"target"}
     unknown = sorted(set(options) - known)
     if unknown:

@@ -297,10 +297,26 @@ def make_task_source(cfg: TaskConfig, seed: int) -> TaskSource:
 
 
 @functools.lru_cache(maxsize=64)
-def _check_task_source(task_json: str, seed: int) -> None:
+def _check_task_source(task_json: str, seed: int) -> tuple[str, ...]:
     """The task source builds (a known dataset, good params) and its held-out set fits the task's
-    question space (task.eval_size distinct questions). Cached: it builds datasets."""
-    make_task_source(TaskConfig(**json.loads(task_json)), seed).eval_tasks()
+    question space (task.eval_size distinct questions); returns the roles its scoring asks.
+    Cached: it builds datasets."""
+    source = make_task_source(TaskConfig(**json.loads(task_json)), seed)
+    source.eval_tasks()
+    return tuple(source.scoring_roles())
+
+
+def check_scoring_roles(cfg: RolloutJobConfig, roles: tuple[str, ...]) -> None:
+    """Each role the task's scoring asks (an LLM judge) is served by a frozen policy: a judge
+    trained on the rewards it gives would learn to please itself."""
+    table = cfg.policy_table()
+    for role in roles:
+        if role not in cfg.agents:
+            raise ValueError(f"task.params.verifier asks role {role!r} (an LLM judge) but agents does not map it: "
+                             f"add +agents.{role}=frozen (or another frozen policy)")
+        if table[cfg.agents[role]].trainable:
+            raise ValueError(f"agents.{role}={cfg.agents[role]} is a trained policy, but role {role!r} judges the "
+                             f"rewards (task.params.verifier): map it to a frozen one, e.g. agents.{role}=frozen")
 
 
 def validate(cfg: RolloutJobConfig) -> None:
@@ -355,7 +371,8 @@ def check_fields(cfg: RolloutJobConfig) -> None:
     check_options = getattr(harness, "check_options", None)  # a harness's own checks of its options
     if check_options is not None:
         check_options(dict(cfg.harness.options))
-    _check_task_source(json.dumps(dataclasses.asdict(cfg.task), sort_keys=True, default=str), cfg.seed)
+    roles = _check_task_source(json.dumps(dataclasses.asdict(cfg.task), sort_keys=True, default=str), cfg.seed)
+    check_scoring_roles(cfg, roles)
 
 
 def validate_policies(cfg: RolloutJobConfig) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 import ray
 
@@ -140,17 +141,25 @@ class RolloutFleet:
                 f"{ray.get(self.buffer.stats.remote(), timeout=60)}")
 
     # ---------------------------------------------------------------- evaluation
-    def evaluate(self, size: int, sampling: SamplingConfig, timeout_s: float) -> list[Trace]:
-        """One harness run on each of the first `size` held-out tasks with `sampling` (not
-        buffered, not trained on); traces in task order. A worker that dies meanwhile is waited
-        for (Ray restarts it) and runs its share again."""
+    def evaluate(self, size: int, sampling: SamplingConfig, timeout_s: float, samples: int = 1,
+                 progress: Callable[[int], None] | None = None, progress_s: float = 10.0) -> list[Trace]:
+        """`samples` harness runs on each of the first `size` held-out tasks with `sampling` (not
+        buffered, not trained on); traces in task order, a task's samples together. A worker that
+        dies meanwhile is waited for (Ray restarts it) and runs its share again. `progress`, if
+        given, hears how many runs have finished, every `progress_s` seconds until all have."""
         n = len(self.workers)
         shares = {i: list(range(i, size, n)) for i in range(n)}
-        pending = {w.evaluate.remote(shares[i], sampling): i for i, w in enumerate(self.workers) if shares[i]}
+        pending = {w.evaluate.remote(shares[i], sampling, samples): i
+                   for i, w in enumerate(self.workers) if shares[i]}
         deadline = time.monotonic() + timeout_s
-        traces: list = [None] * size
+        traces: list = [None] * (size * samples)
+        start = self._episodes_run() if progress else 0
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            left = max(0.0, deadline - time.monotonic())
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=min(left, progress_s) if progress else left)
+            if not done and progress and time.monotonic() < deadline:
+                progress(self._episodes_run() - start)
+                continue
             if not done:
                 for ref in pending:
                     ray.cancel(ref)
@@ -161,11 +170,18 @@ class RolloutFleet:
                 part = ray.get(done[0])
             except ray.exceptions.RayActorError as e:
                 self._await_restart(i, e, "evaluating its share of the held-out tasks again")
-                pending[self.workers[i].evaluate.remote(shares[i], sampling)] = i
+                pending[self.workers[i].evaluate.remote(shares[i], sampling, samples)] = i
                 continue
-            for index, trace in zip(shares[i], part):
-                traces[index] = trace
+            for j, trace in enumerate(part):
+                traces[shares[i][j // samples] * samples + j % samples] = trace
+        if progress:
+            progress(len(traces))
         return traces
+
+    def _episodes_run(self) -> int:
+        """Episodes the workers have finished so far (every kind, training's included)."""
+        stats = ray.get([w.stats.remote() for w in self.workers], timeout=60)
+        return sum(s.get(f"traces_{k}", 0) for s in stats for k in ("ok", "failed", "truncated"))
 
     def engine_infos(self) -> list[dict]:
         """Every engine's `info()`; one that Ray is restarting (the watchdog's kill, a crash) is

@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 from harnesses.base import as_result, collect_scoring_notes, load_harness
+from harnesses.scoring import ScoringScope
 from rollout.client import Agent, ChatFormat, TraceRecorder
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
 from rollout.router import EngineError, Router
@@ -86,9 +87,9 @@ class RolloutWorker:
         status, error, result, engine_failed = "ok", None, None, False
         deadline = asyncio.timeout(self.cfg.timeout_s)
         try:
-            with collect_scoring_notes() as notes:
-                async with deadline:
-                    result = as_result(await self.harness(task, agents, **self.harness_options))
+            with collect_scoring_notes() as notes, ScoringScope(agents) as scoring:
+                async with deadline:  # a judge's scores (harnesses/judge.py) are awaited within it
+                    result = as_result(await scoring.settle(await self.harness(task, agents, **self.harness_options)))
         except TimeoutError as e:  # the run's deadline, or a timeout the harness itself raised
             status, error = "failed", (f"timeout: harness ran past rollout.timeout_s={self.cfg.timeout_s}"
                                        if deadline.expired() else _describe(e))
@@ -145,16 +146,17 @@ class RolloutWorker:
         await asyncio.gather(*jobs)
         return await self.stats()
 
-    async def evaluate(self, indices: list[int], sampling: SamplingConfig) -> list[Trace]:
-        """Run the harness once on each held-out task in `indices` with `sampling` (not buffered)."""
+    async def evaluate(self, indices: list[int], sampling: SamplingConfig, samples: int = 1) -> list[Trace]:
+        """Run the harness `samples` times on each held-out task in `indices` with `sampling` (not
+        buffered); the traces task by task, sample by sample (trace ids <task>#<sample>)."""
         tasks = self.tasks.eval_tasks()
         sem = asyncio.Semaphore(self.cfg.concurrency)
 
-        async def one(task) -> Trace:
+        async def one(task, sample: int) -> Trace:
             async with sem:
-                return await self.episode(task, task.id, 0, sampling)
+                return await self.episode(task, task.id, sample, sampling)
 
-        return list(await asyncio.gather(*(one(tasks[i]) for i in indices)))
+        return list(await asyncio.gather(*(one(tasks[i], k) for i in indices for k in range(samples))))
 
     async def stats(self) -> dict[str, Any]:
         import os

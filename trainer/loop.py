@@ -31,12 +31,12 @@ import numpy as np
 import torch
 
 from rollout.cluster import start_ray
-from rollout.config import SamplingConfig
 from rollout.fleet import RolloutFleet
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer import checkpoint
+from trainer.evaluation import eval_sampling
 from trainer.metrics import RunLogger, paired_comparison, rollout_split, step_totals, write_atomic
 from trainer.policy import TrainedPolicy, start_learners, trained_policies
 from trainer.run_dir import check_run_dir, start_run_dir
@@ -197,8 +197,7 @@ def evaluate(fleet: RolloutFleet, cfg: TrainJobConfig, step: int) -> list[Trace]
     e = cfg.eval
     if e.size == 0:
         return []
-    sampling = SamplingConfig(temperature=e.temperature, max_tokens=e.max_tokens or cfg.sampling.max_tokens)
-    traces = fleet.evaluate(e.size, sampling, e.timeout_s)
+    traces = fleet.evaluate(e.size, eval_sampling(cfg), e.timeout_s)
     write_jsonl(traces, Path(cfg.run_dir) / "eval" / f"step_{step}.jsonl")
     check_failures(traces, cfg.trainer.max_failed_fraction, f"the eval at step {step}")
     print(f"[train] eval at step {step}: reward {mean_reward(traces):.3f} on {len(traces)} held-out tasks",

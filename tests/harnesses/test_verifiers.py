@@ -104,7 +104,7 @@ def test_user_functions_run_in_a_sandbox_process_with_a_deadline():
 
 
 @pytest.mark.parametrize("spec, options, message", [
-    ("fuzzy", {}, r"task.params.verifier='fuzzy': one of exact, numeric, math, regex, choice, or a function"),
+    ("fuzzy", {}, r"task.params.verifier='fuzzy': one of exact, numeric, math, regex, choice, judge \(an LLM judge"),
     ("tests.harnesses.nowhere:f", {}, r"task.params.verifier='tests.harnesses.nowhere.f' cannot be imported"),
     ("tests.harnesses.user_verifiers:nothing", {}, r"cannot be imported: .* has no attribute 'nothing'"),
     ("tests.harnesses.user_verifiers:two_arguments", {}, r"must take \(completion, answer, metadata\)"),

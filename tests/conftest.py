@@ -107,6 +107,21 @@ def tied_engine(ray_cluster, tiny_tied_path, engine_cfg):
 
 
 @pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """`make smoke`'s run, once per session, as a user starts it: `scripts/train.py experiment=smoke`
+    (20 steps, 32 held-out items; traces written at steps 10 and 20). Returns (run_dir, the finished
+    process); tests that read different facts of the run share it (tests/scripts/test_train_script.py,
+    test_evaluate.py), each asserting the exit code it needs."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path_factory.mktemp("smoke_run")
+    proc = subprocess.run([sys.executable, "scripts/train.py", "experiment=smoke", f"run_dir={run_dir}",
+                           "trainer.rollouts_every=10"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return run_dir, proc
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_path):
     from transformers import AutoTokenizer
 

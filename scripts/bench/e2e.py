@@ -23,7 +23,8 @@ what that step's work costs with nothing else in the way: vLLM alone generating 
 the plain torch loop (trainer/baseline.py's) training the same packed rows, and a memory copy
 of the trained weights. It prints the step's seconds over their sum and where the rest went
 (rollout wait, train, sync, the loop's own). `--quick`: the comparison with 2 steps per variant,
-then the speed of light of the tiny model after 1 step, in one JSON object (`speed_of_light`).
+and the speed of light of the second variant's last step (the tiny model), in one JSON object
+(`speed_of_light`).
 The last output line is one JSON object.
 """
 
@@ -60,14 +61,20 @@ VARIANTS = {  # name -> (default overrides, {variant: its overrides})
 }
 
 
-def run_variant(name: str, overrides: list[str], steps: int) -> dict:
+def run_variant(name: str, overrides: list[str], steps: int, light: bool = False) -> dict:
+    """One variant's run and its loop figures; `light`: also the speed of light of its last step."""
     with tempfile.TemporaryDirectory(prefix=f"bench-e2e-{name}-") as run_dir:  # checkpoints: GBs each
-        return _run_variant(name, overrides, steps, run_dir)
+        cfg = compose("train", [*overrides, f"run_dir={run_dir}", f"trainer.steps={steps}", "eval.size=0",
+                                "logger=disabled", *(["trainer.rollouts_every=1"] if light else [])])
+        t0 = time.time()
+        summary = train(cfg)
+        result = variant_figures(name, run_dir, summary)
+        if light:
+            result["speed_of_light"] = light_of_last_step(cfg, run_dir, summary, time.time() - t0)
+        return result
 
 
-def _run_variant(name: str, overrides: list[str], steps: int, run_dir: str) -> dict:
-    summary = train(compose("train", [*overrides, f"run_dir={run_dir}", f"trainer.steps={steps}", "eval.size=0",
-                                      "logger=disabled"]))
+def variant_figures(name: str, run_dir: str, summary: dict) -> dict:
     rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     steps_m = [r for r in rows if "perf/step_s" in r]
     loop_s = sum(r["perf/step_s"] for r in steps_m)
@@ -128,16 +135,19 @@ def plain_train_s(cfg, traces) -> tuple[float, int]:
 
 def speed_of_light(model: str, overrides: list[str], steps: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-e2e-sol-") as run_dir:  # checkpoints: GBs each
-        return _speed_of_light(model, overrides, steps, run_dir)
+        cfg = compose("train", ["experiment=smollm2_solver_verifier", f"model={model}", *overrides,
+                                f"run_dir={run_dir}", f"trainer.steps={steps}", "trainer.rollouts_every=1",
+                                "trainer.save_every=0", "eval.size=0", "logger=disabled"])
+        t0 = time.time()
+        summary = train(cfg)
+        return {"model": model, "overrides": overrides,
+                **light_of_last_step(cfg, run_dir, summary, time.time() - t0)}
 
 
-def _speed_of_light(model: str, overrides: list[str], steps: int, run_dir: str) -> dict:
-    cfg = compose("train", ["experiment=smollm2_solver_verifier", f"model={model}", *overrides, f"run_dir={run_dir}",
-                            f"trainer.steps={steps}", "trainer.rollouts_every=1", "trainer.save_every=0", "eval.size=0",
-                            "logger=disabled"])
-    t0 = time.time()
-    summary = train(cfg)
-    run_s = time.time() - t0
+def light_of_last_step(cfg, run_dir: str, summary: dict, run_s: float) -> dict:
+    """What the run's last step cost against the same work alone (the run has ended: its engines
+    and learners are gone); the step's traces are its rollouts/step_<N>.jsonl."""
+    steps = cfg.trainer.steps
     rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     m = [r for r in rows if "perf/step_s" in r][-1]
     traces = list(read_jsonl(Path(run_dir) / "rollouts" / f"step_{steps}.jsonl"))
@@ -148,7 +158,7 @@ def _speed_of_light(model: str, overrides: list[str], steps: int, run_dir: str) 
     copy_s = memcpy_s(nbytes)
     light = engine_s + plain_s + copy_s
     step_s, wait, train_s, sync_s = m["perf/step_s"], m["perf/rollout_wait_s"], m["perf/train_s"], m["perf/sync_s"]
-    return {"model": model, "overrides": overrides, "step": steps, "step_s": round(step_s, 2),
+    return {"model": cfg.model.name, "step": steps, "step_s": round(step_s, 2),
             "speed_of_light_s": round(light, 2), "step_over_speed_of_light": round(step_s / light, 2),
             "generated_tokens": m["rollout/generated_tokens"], "trained_tokens": m["train/trained_tokens"],
             "parts": {  # the step's seconds and what the same work costs alone
@@ -170,7 +180,7 @@ def main() -> None:
     ap.add_argument("--model", help="the speed of light of `make train`'s config with this model")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; 3 with --model)")
     ap.add_argument("overrides", nargs="*", help="hydra overrides for both variants")
-    ap.add_argument("--quick", action="store_true", help="the comparison (2 steps) and the tiny model's speed of light")
+    ap.add_argument("--quick", action="store_true", help="the comparison (2 steps) and the speed of light of its last step")
     args = ap.parse_args()
     if args.quick:
         args.model, args.steps = None, 2
@@ -185,10 +195,10 @@ def main() -> None:
     overrides = args.overrides or defaults
     start_ray(RayConfig(num_cpus=4))
     t0, results = time.time(), {}
-    for name, extra in variants.items():
-        results[name] = run_variant(name, [*overrides, *extra], args.steps)
+    for i, (name, extra) in enumerate(variants.items()):
+        results[name] = run_variant(name, [*overrides, *extra], args.steps, light=args.quick and i == 1)
         print(name, results[name], flush=True)
-    light = speed_of_light("tiny", [], 1) if args.quick else None
+    light = results[name].pop("speed_of_light", None)
     ray.shutdown()
     first, second = results.values()
     print(json.dumps({"bench": "e2e", "quick": args.quick, "compare": args.compare, "overrides": overrides, **results,

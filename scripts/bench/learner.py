@@ -123,26 +123,27 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
 
 def section_c(model_name: str, rounds: int) -> dict:
     """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners, and each
-    sync method side by side (the collective one after its previous snapshot export finished, as in
-    the loop, where the export overlaps the next rollout)."""
+    sync method side by side into the same engine (the collective one after its previous snapshot
+    export finished, as in the loop, where the export overlaps the next rollout)."""
     out = {}
-    for method in ("object_store", "collective"):
-        cfg = compose("train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5",
-                                f"sync.method={method}"])
-        with RolloutFleet(cfg) as fleet, TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet) as policy:
-            results, snapshot_s = [], 0.0
-            for v in range(1, rounds + 1):
-                if getattr(policy.sync, "snapshot", None) is not None:
-                    t0 = time.perf_counter()
-                    ray.wait([policy.sync.snapshot], timeout=600)
-                    snapshot_s = time.perf_counter() - t0
-                results.append(policy.sync.push(v))
-        best = min(results, key=lambda r: r["seconds"])
-        out[method] = {"sync_s": round(best["seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
-                       **({"export_s": round(best["export_seconds"], 3)} if "export_seconds" in best else
-                          {"send_s": round(best["send_seconds"], 3), "engine_receive_s": round(best["receive_seconds"], 3),
-                           "snapshot_wait_s": round(snapshot_s, 3)})}
-        print(model_name, "c", method, out[method], flush=True)
+    configs = {method: compose("train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5",
+                                         f"sync.method={method}"]) for method in ("object_store", "collective")}
+    with RolloutFleet(configs["object_store"]) as fleet:  # the fleet does not depend on the sync method
+        for method, cfg in configs.items():
+            with TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet) as policy:
+                results, snapshot_s = [], 0.0
+                for v in range(1, rounds + 1):
+                    if getattr(policy.sync, "snapshot", None) is not None:
+                        t0 = time.perf_counter()
+                        ray.wait([policy.sync.snapshot], timeout=600)
+                        snapshot_s = time.perf_counter() - t0
+                    results.append(policy.sync.push(v))
+            best = min(results, key=lambda r: r["seconds"])
+            out[method] = {"sync_s": round(best["seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
+                           **({"export_s": round(best["export_seconds"], 3)} if "export_seconds" in best else
+                              {"send_s": round(best["send_seconds"], 3), "engine_receive_s": round(best["receive_seconds"], 3),
+                               "snapshot_wait_s": round(snapshot_s, 3)})}
+            print(model_name, "c", method, out[method], flush=True)
     nbytes = int(results[0]["bytes"])
     copy_s = memcpy_s(nbytes, rounds)
     out.update(bytes=nbytes, memcpy_s=round(copy_s, 4), memcpy_bytes_per_s=round(nbytes / copy_s))

@@ -1,5 +1,5 @@
 """scripts/evaluate.py: which weights a spec names, pass@k, clear errors before Ray starts, and
-end to end: a 2-step smoke run's checkpoint evaluated against its base model gives exactly the
+end to end: the smoke run's final checkpoint evaluated against its base model gives exactly the
 run's own before / after eval (rewards, paired counts, every generated token)."""
 
 from __future__ import annotations
@@ -98,26 +98,26 @@ def test_bad_arguments_fail_before_ray_starts(args, message, capsys):
 
 
 @pytest.mark.e2e
-def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(ray_cluster, tmp_path):
+def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(smoke_run, tmp_path):
     from rollout.trace import read_jsonl
-    from trainer.loop import train
 
-    overrides = ["experiment=smoke", "trainer.steps=2", "eval.size=16"]
-    summary = train(compose("train", overrides + [f"run_dir={tmp_path / 'run'}"]))
+    run, train_proc = smoke_run  # the session's `scripts/train.py experiment=smoke` run: 20 steps, 32 held out
+    assert train_proc.returncode == 0, train_proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
     out = tmp_path / "eval" / "smoke.json"
-    proc = evaluate(*overrides, "--model", str(tmp_path / "run"), "--baseline", "tiny", "--out", str(out),
+    proc = evaluate("experiment=smoke", "--model", str(run), "--baseline", "tiny", "--out", str(out),
                     "--progress-s", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["model"]["reward"] == summary["final_eval_reward"]
     assert result["baseline"]["reward"] == summary["initial_eval_reward"]
-    assert result["eval_paired"] == summary["eval_paired"] and result["eval_paired"]["questions"] == 16
+    assert result["eval_paired"] == summary["eval_paired"] and result["eval_paired"]["questions"] == 32
     assert result["model"]["failed"] == 0 and result["model"]["pass_at_k"] == summary["final_eval"]["eval/success"]
-    for label, step in (("model", 2), ("baseline", 0)):  # the same generated tokens, item by item
+    for label, step in (("model", 20), ("baseline", 0)):  # the same generated tokens, item by item
         ours = read_jsonl(out.with_suffix(f".{label}.jsonl"))
-        runs = read_jsonl(tmp_path / f"run/eval/step_{step}.jsonl")
+        runs = read_jsonl(run / f"eval/step_{step}.jsonl")
         assert [(t.id, t.sequences[0].completion_ids) for t in ours] == [
             (t.id, t.sequences[0].completion_ids) for t in runs]
         assert "<html" in out.with_suffix(f".{label}.html").read_text()[:200]
-    assert "[evaluate] model: 16/16 runs" in proc.stdout
+    assert "[evaluate] model: 32/32 runs" in proc.stdout
     assert json.loads(proc.stdout.splitlines()[-1])["eval_paired"] == summary["eval_paired"]

@@ -16,8 +16,8 @@ def train(*args, timeout=900):
 
 
 @pytest.mark.e2e
-def test_smoke_experiment_learns_in_sync_mode(tmp_path):
-    proc = train("experiment=smoke", f"run_dir={tmp_path}", "trainer.rollouts_every=10")
+def test_smoke_experiment_learns_in_sync_mode(smoke_run):
+    tmp_path, proc = smoke_run  # scripts/train.py experiment=smoke trainer.rollouts_every=10
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 20 and summary["eval_size"] == 32

@@ -4,7 +4,7 @@ A harness is a plain async function (or an object with an async `__call__`):
 
     async def my_harness(task: Task, agents: dict[str, Agent], **options) -> Reward
 
-It calls models only through `agents` (see rollout/client.py), and returns the
+It calls models only through `agents` (see rollout/agents/client.py), and returns the
 reward of the whole run: a float, a dict role -> reward (per-agent rewards,
 e.g. zero-sum games), or a `HarnessResult` carrying extra info for logs.
 

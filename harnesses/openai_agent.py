@@ -1,6 +1,6 @@
 """openai_agent: train an agent written against the OpenAI chat API, unmodified.
 
-The agent talks to the rollout worker's gateway (rollout/gateway.py), which
+The agent talks to the rollout worker's gateway (rollout/agents/gateway.py), which
 records every call token-exact. It runs one of two ways (`harness.options`):
 
 - `agent: package.module.function`: an async Python function
@@ -54,7 +54,7 @@ STDERR_TAIL_BYTES = 64 * 2**10  # of a command's stderr, the tail kept for the e
 async def openai_agent(task, agents, agent: str | None = None, command: str | list[str] | None = None,
                        role: str | None = None, timeout_s: float = 300.0,
                        env: list[str] | None = None) -> HarnessResult:
-    from rollout.gateway import Gateway
+    from rollout.agents.gateway import Gateway
 
     role = _role(agents, role)
     gateway = await Gateway.shared()

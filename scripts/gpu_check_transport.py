@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from rollout.weight_group import WeightGroup
-from rollout.weight_transport import GroupPlan, choose_transport, device_identity, staging_for
+from rollout.weights.group import WeightGroup
+from rollout.weights.transport import GroupPlan, choose_transport, device_identity, staging_for
 
 DTYPES = ("bfloat16", "float32")
 

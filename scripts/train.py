@@ -18,8 +18,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from rollout.cluster import run_job
-from rollout.placement import with_cluster_for_this_machine
+from rollout.orchestration.cluster import run_job
+from rollout.orchestration.placement import with_cluster_for_this_machine
 from trainer.config import register_configs
 from trainer.loop import check, train
 

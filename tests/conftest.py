@@ -59,7 +59,7 @@ def tiny_tied_path() -> str:
 def ray_cluster():
     import ray
 
-    from rollout.cluster import start_ray
+    from rollout.orchestration.cluster import start_ray
     from rollout.config import RayConfig
 
     # More logical CPUs than cores: test actors are mostly idle.
@@ -81,7 +81,7 @@ def engine(ray_cluster, tiny_path, engine_cfg):
     put the original ones back."""
     import ray
 
-    from rollout.cluster import spawn_engines
+    from rollout.orchestration.cluster import spawn_engines
     from rollout.config import ModelConfig
 
     [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), engine_cfg)})["main"]
@@ -97,7 +97,7 @@ def tied_engine(ray_cluster, tiny_tied_path, engine_cfg):
     original weights back."""
     import ray
 
-    from rollout.cluster import spawn_engines
+    from rollout.orchestration.cluster import spawn_engines
     from rollout.config import ModelConfig
 
     [e] = spawn_engines({"main": (tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg)})["main"]
@@ -125,7 +125,7 @@ def hf_tiny(tiny_path):
 def fixed_batch(hf_tiny, tiny_tokenizer):
     """Packed micro-batches of 6 single-turn traces with engine-like behaviour log-probs from the
     model, advantages +1 / -1; uneven over 2 ranks (one gets a padding micro-batch)."""
-    from rollout.client import ChatFormat
+    from rollout.agents.client import ChatFormat
     from rollout.trace import Sequence, Trace
     from trainer.packing import build_rows, pack, token_weights
 
@@ -151,9 +151,9 @@ def run_harness(engine, tiny_tokenizer):
     (task, sequences, HarnessResult)."""
     from harnesses.base import as_result, load_harness
     from harnesses.reasoning_gym_tasks import ReasoningGymTasks
-    from rollout.client import Agent, ChatFormat, TraceRecorder
+    from rollout.agents.client import Agent, ChatFormat, TraceRecorder
     from rollout.config import SamplingConfig
-    from rollout.router import Router
+    from rollout.orchestration.router import Router
 
     def run(target, roles, task_index=0, frozen=(), max_tokens=16, **options):
         task = ReasoningGymTasks("chain_sum", {"min_terms": 2, "max_terms": 3}).train_task(task_index)
@@ -175,7 +175,7 @@ def run_worker(engine, tiny_path):
     takes token ids below `vocab_size`). Returns (worker stats, complete groups, buffer stats)."""
     import ray
 
-    from rollout.cluster import spawn_buffer, spawn_workers
+    from rollout.orchestration.cluster import spawn_buffer, spawn_workers
     from rollout.config import GenerateJobConfig, RolloutConfig, SamplingConfig, TaskConfig
 
     def run(harness, agents, n_tasks, group_size=2, timeout_s=20.0, max_tokens=16, vocab_size=512):

@@ -123,7 +123,7 @@ def test_bad_values_fail_validation(override, msg):
 
 
 def test_a_thread_core_with_tensor_parallel_ranks_is_refused_and_auto_picks_the_process_core():
-    from rollout.engine_args import core_kind
+    from rollout.engine.args import core_kind
 
     with pytest.raises(ValueError, match="engine.core=thread runs one worker.*needs engine.core=process"):
         validate_generate(compose("generate", ["engine.core=thread", "engine.tensor_parallel_size=2"]))
@@ -270,7 +270,7 @@ def test_policy_config_errors_name_the_key_and_the_fix(overrides, msg):
 def test_a_local_cluster_holds_every_actor_of_any_agents_mapping():
     """The defaults with a frozen verifier ask for 2 engines and 2 learner ranks of 1 CPU each: a
     2-core machine's local cluster gets 4 logical CPUs, not 2 (which left the learners unplaced)."""
-    from rollout.cluster import local_cpus
+    from rollout.orchestration.cluster import local_cpus
     from rollout.config import RayConfig
 
     cfg = compose("train", ["harness=solver_verifier", "agents.verifier=frozen"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.placement import gpus_needed, pick_cluster
+from rollout.orchestration.placement import gpus_needed, pick_cluster
 from trainer.config import compose, validate
 
 pytestmark = pytest.mark.unit

@@ -104,7 +104,7 @@ def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path,
 
 def save_adapter(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> Path:
     """Write a LoRA policy's adapter as a PEFT folder (its base: `base_model`)."""
-    from rollout.lora import write_adapter
+    from rollout.weights.lora_names import write_adapter
 
     [buckets] = learners.collect("export_weights", [learners.export_weights()])
     write_adapter(out, learners.lora, str(base_model), buckets)

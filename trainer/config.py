@@ -16,11 +16,11 @@ from hydra.core.config_store import ConfigStore
 
 from rollout.config import MAIN_POLICY, GenerateJobConfig, RolloutJobConfig, check_fields, check_placement, override
 from rollout.config import register_configs as register_rollout_configs
-from rollout.placement import Ask, check_learner_gpus, learner_ask
+from rollout.orchestration.placement import Ask, check_learner_gpus, learner_ask
 from trainer.advantages import AdvantageConfig
 from trainer.learner import PER_ADAPTER, LearnerConfig
 from trainer.losses import LossConfig
-from trainer.weight_sync import SyncConfig, SyncMethod
+from rollout.weights.sync import SyncConfig, SyncMethod
 
 
 @dataclass

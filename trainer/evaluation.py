@@ -129,7 +129,7 @@ def evaluate_weights(cfg: TrainJobConfig, weights: dict[str, Weights], sampling:
     first eval.size held-out tasks `samples` times each. Ray must be up."""
     import ray
 
-    from rollout.fleet import RolloutFleet
+    from rollout.orchestration.fleet import RolloutFleet
 
     with RolloutFleet(cfg) as fleet:
         for p, w in weights.items():

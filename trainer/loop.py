@@ -1,6 +1,6 @@
 """The training loop: rollout -> buffer -> advantages -> packing -> learners -> weight sync.
 
-Read `train(cfg)` top to bottom. It starts the rollout fleet (rollout/fleet.py),
+Read `train(cfg)` top to bottom. It starts the rollout fleet (rollout/orchestration/fleet.py),
 each trainable policy's learners (trainer/policy.py) and the logger, evaluates,
 then per step: takes `groups_per_step` complete groups and, for each trained
 policy, leaves out traces more than `max_staleness` versions behind its clock,
@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollout.cluster import start_ray
-from rollout.fleet import RolloutFleet
+from rollout.orchestration.cluster import start_ray
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 from trainer.config import LoopConfig, TrainJobConfig, validate

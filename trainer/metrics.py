@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout.trace import Trace
-from rollout.view import build_view, render_sequence
+from rollout.viewer import build_view, render_sequence
 from trainer.advantages import advantage_stats
 
 
@@ -54,7 +54,7 @@ def rollout_split(before: list[dict], after: list[dict], window_s: float) -> dic
     snapshots of `Engine.info()` (at its start and its end; an engine whose pid changed between
     them restarted, and counts from zero). Seconds are the mean over engines: `engine_busy_s`
     (some request in flight) = `engine_prefill_s` + `engine_decode_s` (vLLM engine-core steps,
-    rollout/engine_clock.py) + `engine_other_s` (in flight, no step running: the engine actor's
+    rollout/engine/clock.py) + `engine_other_s` (in flight, no step running: the engine actor's
     own work); `engine_idle_s` (no request in flight: the workers, the agent client, Ray, the
     harness, or nothing submitted). Also the decode steps, their mean batch, the prefilled and
     prefix-cached prompt tokens, and generated tokens per second of the window."""
@@ -112,7 +112,7 @@ def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, floa
 
 def trace_table(traces: list[Trace], decode):
     """A wandb Table of full traces: a row per sequence with its text and reward, and its card
-    from the trace viewer (rollout/view.py: prompt / trained / masked tokens, training row,
+    from the trace viewer (rollout/viewer.py: prompt / trained / masked tokens, training row,
     weight version) as HTML."""
     import wandb
 

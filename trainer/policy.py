@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from rollout.client import ChatFormat
-from rollout.fleet import RolloutFleet
+from rollout.agents.client import ChatFormat
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.models import resolve_model
 from rollout.trace import Trace
 from trainer import checkpoint
@@ -32,7 +32,7 @@ from trainer.config import TrainJobConfig
 from trainer.learner_group import AdapterLearners, LearnerGroup
 from trainer.metrics import advantage_metrics, train_metrics
 from trainer.packing import MicroBatch, Row, build_rows, pack, packing_stats, share_prefixes, token_weights
-from trainer.weight_sync import CollectiveSync, ObjectStoreSync, SyncMethod
+from rollout.weights.sync import CollectiveSync, ObjectStoreSync, SyncMethod
 
 
 def start_learners(cfg: TrainJobConfig, stack: ExitStack, gpu: bool) -> dict[str, LearnerGroup | AdapterLearners]:

@@ -21,9 +21,9 @@ import time
 import ray
 import torch
 
-from rollout.baseline import bench_vllm
-from rollout.client import ChatFormat
-from rollout.cluster import start_ray
+from rollout.engine.baseline import bench_vllm
+from rollout.agents.client import ChatFormat
+from rollout.orchestration.cluster import start_ray
 from rollout.config import RayConfig, make_task_source
 from rollout.models import resolve_model
 from trainer.baseline import batches_for, conversation_trace

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import ray
 
-from rollout.client import ChatFormat
-from rollout.cluster import spawn_engines, start_ray
+from rollout.agents.client import ChatFormat
+from rollout.orchestration.cluster import spawn_engines, start_ray
 from rollout.config import RayConfig, SamplingConfig
 from rollout.models import resolve_model
 from rollout.trace import read_jsonl

@@ -6,7 +6,7 @@
 The run is the fault test's (tests/trainer/test_faults.py): the smoke experiment with
 solver_verifier, the verifier on a frozen engine, 64 traces per step, a 2 s health check. Each
 fault hits half a second into step 2's rollout, through the same injection helpers as the test
-(rollout/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
+(rollout/orchestration/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
 half a second apart, of the rollout worker; SIGSTOP of an engine (alive, never answers: the
 watchdog must find it). For each: did the run finish, how many traces it trained of those it
 should have, how many failed, the restarts, the requests sent again and the episodes run
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import ray
 
-from rollout.cluster import start_ray
+from rollout.orchestration.cluster import start_ray
 from rollout.config import RayConfig
-from rollout.faults import Injector
+from rollout.orchestration.faults import Injector
 from trainer.config import compose
 from trainer.loop import train
 
@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 steps, engine_killed only")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.faults = 3, "engine_killed"  # 3: the fault may strike in step 3 (rollout/faults.py)
+        args.steps, args.faults = 3, "engine_killed"  # 3: the fault may strike in step 3 (rollout/orchestration/faults.py)
     names = ["none", *[f for f in args.faults.split(",") if f != "none"]]
     unknown = sorted(set(names) - set(FAULTS))
     if unknown:

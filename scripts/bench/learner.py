@@ -33,10 +33,10 @@ from contextlib import ExitStack
 import ray
 import torch
 
-from rollout.client import ChatFormat
-from rollout.cluster import start_ray
+from rollout.agents.client import ChatFormat
+from rollout.orchestration.cluster import start_ray
 from rollout.config import RayConfig
-from rollout.fleet import RolloutFleet
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.models import resolve_model
 from trainer.baseline import PlainLoop, batches_for, conversation_trace, memcpy_s
 from trainer.config import compose

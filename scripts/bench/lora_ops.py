@@ -1,4 +1,4 @@
-"""Benchmark vLLM's CPU LoRA path: vLLM's own ops vs tracerl's grouped ops (rollout/lora_cpu.py).
+"""Benchmark vLLM's CPU LoRA path: vLLM's own ops vs tracerl's grouped ops (rollout/engine/lora_ops.py).
 
     python scripts/bench/lora_ops.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--rank 16] [--quick]
 
@@ -27,8 +27,8 @@ import uuid
 import torch
 
 from rollout.config import EngineConfig, LoraConfig
-from rollout.engine_args import engine_args
-from rollout.lora import peft_config
+from rollout.engine.args import engine_args
+from rollout.weights.lora_names import peft_config
 from rollout.models import resolve_model
 
 

@@ -27,11 +27,11 @@ import time
 
 import ray
 
-from rollout.baseline import bench_vllm
-from rollout.client import ChatFormat
-from rollout.cluster import start_ray
+from rollout.engine.baseline import bench_vllm
+from rollout.agents.client import ChatFormat
+from rollout.orchestration.cluster import start_ray
 from rollout.config import GenerateJobConfig
-from rollout.fleet import RolloutFleet
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.models import resolve_model
 from rollout.config import make_task_source
 from trainer.config import compose

@@ -3,7 +3,7 @@
 import pytest
 import ray
 
-from rollout.cluster import spawn_buffer
+from rollout.orchestration.cluster import spawn_buffer
 from rollout.config import HarnessConfig
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import torch
 
 from rollout.trace import Sequence, Trace, TraceError
 from tests.conftest import fake_checkpoint, read_metrics
-from rollout.faults import Injector
+from rollout.orchestration.faults import Injector
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.learner import LearnerConfig

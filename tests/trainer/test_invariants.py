@@ -8,7 +8,7 @@
 import pytest
 import torch
 
-from rollout.client import ChatFormat
+from rollout.agents.client import ChatFormat
 from rollout.trace import Sequence, Trace
 from trainer.losses import LossConfig, microbatch_loss
 from tests.conftest import hf_logprobs

@@ -17,7 +17,7 @@ import ray
 import torch
 from safetensors.torch import load_file
 
-from rollout.fleet import RolloutFleet
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Trace
 from tests.conftest import read_metrics
 from trainer import checkpoint

@@ -12,7 +12,7 @@ from trainer import checkpoint
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
-from trainer.weight_sync import CollectiveSync, ObjectStoreSync
+from rollout.weights.sync import CollectiveSync, ObjectStoreSync
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """Driver-side helpers that start Ray and spawn the rollout actors with resources from config.
 
 The actor classes themselves stay plain Python (testable without Ray); this
-is the one place that decides where they run. `rollout/fleet.py` composes
+is the one place that decides where they run. `rollout/orchestration/fleet.py` composes
 them into the rollout side of a run.
 """
 
@@ -16,11 +16,12 @@ from typing import Any, Callable
 
 import ray
 
-from rollout.buffer import TraceBuffer
+from rollout.orchestration.buffer import TraceBuffer
 from rollout.config import EngineConfig, LoraConfig, ModelConfig, RayConfig, RolloutJobConfig
-from rollout.engine import Engine, WeightStore
-from rollout.placement import Ask, actor_options, check_gpu_count, visible_gpus
-from rollout.worker import RolloutWorker
+from rollout.engine.engine import Engine
+from rollout.weights.store import WeightStore
+from rollout.orchestration.placement import Ask, actor_options, check_gpu_count, visible_gpus
+from rollout.orchestration.worker import RolloutWorker
 
 
 def start_ray(cfg: RayConfig, cpus_asked: float = 0.0, asks: list[Ask] = ()) -> None:

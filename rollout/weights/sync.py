@@ -4,7 +4,7 @@
 every engine worker of the policy form one weight group, and rank 0 sends the
 parameters straight from its module into the engines, which load them in place
 with vLLM's layerwise reload. Each worker's transport comes from its device and
-rank 0's (rollout/weight_transport.py): CUDA IPC on the same GPU, NCCL on
+rank 0's (rollout/weights/transport.py): CUDA IPC on the same GPU, NCCL on
 another GPU, gloo on CPU. No serialisation, no object store on the way.
 
 `ObjectStoreSync` works everywhere and carries LoRA adapters: learner rank 0
@@ -22,12 +22,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 import ray
 
-from rollout.weight_transport import OPEN_TIMEOUT_S, GroupPlan, Layout, choose_transport, dtype_of
-from trainer.learner_group import LearnerGroup
+from rollout.weights.transport import OPEN_TIMEOUT_S, GroupPlan, Layout, choose_transport, dtype_of
 
 
 class SyncMethod(StrEnum):
@@ -36,7 +35,7 @@ class SyncMethod(StrEnum):
     object_store = "object_store"  # safetensors buckets through Ray's object store
 
 
-class Transport(StrEnum):  # rollout/weight_transport.py::choose_transport
+class Transport(StrEnum):  # rollout/weights/transport.py::choose_transport
     auto = "auto"
     ipc = "ipc"
     nccl = "nccl"
@@ -56,8 +55,24 @@ class WeightSync(Protocol):
     def push(self, version: int) -> dict[str, float]: ...
 
 
+class Learners(Protocol):
+    """What a sync drives on one policy's learners (trainer/learner_group.py's LearnerGroup or its
+    AdapterLearners view): written here so that this layer need not import the trainer's."""
+
+    name: str
+    cfg: Any  # its LearnerConfig: call_timeout_s
+
+    def export_weights(self, bucket_bytes: int = ...) -> ray.ObjectRef: ...
+    def weight_layout(self, bucket_bytes: int = ...) -> Layout: ...
+    def weight_identity(self) -> str: ...
+    def weight_address(self) -> tuple[str, int]: ...
+    def prepare_weight_group(self, plan: GroupPlan, layout: Layout, timeout_s: float): ...
+    def open_weight_group(self) -> ray.ObjectRef: ...
+    def broadcast_weights(self, version: int, layout: Layout) -> list[ray.ObjectRef]: ...
+
+
 class ObjectStoreSync:
-    def __init__(self, learners: LearnerGroup, engines: list, bucket_bytes: int = 64 << 20,
+    def __init__(self, learners: Learners, engines: list, bucket_bytes: int = 64 << 20,
                  timeout_s: float = 600.0, store=None):
         self.learners = learners
         self.engines = list(engines)  # Engine actor handles of this policy
@@ -102,7 +117,7 @@ class ObjectStoreSync:
 
 class CollectiveSync:
     """Send from learner rank 0 straight into the engines' parameters over one weight group per
-    policy (rollout/weight_transport.py): each engine worker's transport (ipc on rank 0's GPU,
+    policy (rollout/weights/transport.py): each engine worker's transport (ipc on rank 0's GPU,
     nccl on another GPU, gloo on CPU) is chosen when the group opens, and logged. The group opens
     at start and again whenever an engine restarted (a new process is not in it); a push it cannot
     carry goes through the object store, and after the n-th failure in a row the group rests for
@@ -110,7 +125,7 @@ class CollectiveSync:
 
     MAX_REST = 64
 
-    def __init__(self, learners: LearnerGroup, engines: list, transport: str = "auto", bucket_bytes: int = 64 << 20,
+    def __init__(self, learners: Learners, engines: list, transport: str = "auto", bucket_bytes: int = 64 << 20,
                  timeout_s: float = 600.0, store=None):
         """`transport`: `sync.transport` (auto: from the devices); `store`: the policy's WeightStore,
         given a snapshot of every pushed version in the object store (what a restarted engine loads)."""

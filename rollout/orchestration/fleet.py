@@ -25,10 +25,10 @@ from typing import Callable
 
 import ray
 
-from rollout.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
+from rollout.orchestration.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
 from rollout.config import RolloutJobConfig, SamplingConfig
 from rollout.models import resolve_model
-from rollout.router import actor_state, wait_until_restarted
+from rollout.orchestration.router import actor_state, wait_until_restarted
 from rollout.trace import Trace
 
 

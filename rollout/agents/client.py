@@ -24,7 +24,7 @@ from collections import OrderedDict
 from typing import Protocol
 
 from rollout.config import SamplingConfig
-from rollout.engine import Completion
+from rollout.engine.engine import Completion
 from rollout.trace import Sequence
 
 Message = dict[str, str]  # {"role": ..., "content": ...}

@@ -16,9 +16,9 @@ from typing import Any
 
 from harnesses.base import as_result, collect_scoring_notes, load_harness
 from harnesses.scoring import ScoringScope
-from rollout.client import Agent, ChatFormat, TraceRecorder
+from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
-from rollout.router import EngineError, Router
+from rollout.orchestration.router import EngineError, Router
 from rollout.trace import Trace, TraceError
 
 

@@ -58,8 +58,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.client import Agent
-from rollout.router import EngineError
+from rollout.agents.client import Agent
+from rollout.orchestration.router import EngineError
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is read whole
@@ -456,7 +456,7 @@ def _prompt(slot: _Role, messages: list[dict], tools: list[dict] | None) -> tupl
 
 async def _unless_disconnected(request, work):
     """Await `work`, unless the client disconnects first: then it is cancelled (its engine requests
-    are aborted, see rollout/router.py) and None is returned."""
+    are aborted, see rollout/orchestration/router.py) and None is returned."""
     work = asyncio.ensure_future(work)
 
     async def gone():

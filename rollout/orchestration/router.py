@@ -22,7 +22,7 @@ from collections import Counter
 import ray
 
 from rollout.config import SamplingConfig
-from rollout.engine import Completion
+from rollout.engine.engine import Completion
 
 
 class EngineError(RuntimeError):

@@ -14,7 +14,8 @@ from openai import APITimeoutError, AsyncOpenAI, BadRequestError
 
 from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.config import HarnessConfig, SamplingConfig
-from rollout.agents.gateway import Gateway, parse_tool_calls
+from rollout.agents.gateway import Gateway
+from rollout.agents.tool_calls import parse_tool_calls
 from rollout.orchestration.router import Router
 from rollout.trace import Trace
 from trainer.packing import build_rows, token_weights

@@ -1,7 +1,9 @@
 """openai_agent: train an agent written against the OpenAI chat API, unmodified.
 
 The agent talks to the rollout worker's gateway (rollout/agents/gateway.py), which
-records every call token-exact. It runs one of two ways (`harness.options`):
+records every call token-exact; the agents this harness gets hand it over
+(`agent.gateway()`: harnesses do not import rollout/). It runs one of two ways
+(`harness.options`):
 
 - `agent: package.module.function`: an async Python function
   `agent(task, base_url, api_key) -> answer`, called in the worker's process
@@ -54,10 +56,8 @@ STDERR_TAIL_BYTES = 64 * 2**10  # of a command's stderr, the tail kept for the e
 async def openai_agent(task, agents, agent: str | None = None, command: str | list[str] | None = None,
                        role: str | None = None, timeout_s: float = 300.0,
                        env: list[str] | None = None) -> HarnessResult:
-    from rollout.agents.gateway import Gateway
-
     role = _role(agents, role)
-    gateway = await Gateway.shared()
+    gateway = await agents[role].gateway()  # the worker's endpoint, handed in with the agents
     with gateway.session(agents) as session:
         base_url = session.base_url(role)
         try:

@@ -57,12 +57,14 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rollout.agents.client import Agent
 from rollout.agents.messages import RequestError, error_response, normalize, request_tools, sampling_args, sse_events
 from rollout.agents.tool_calls import native_tools, parse_tool_calls, template_messages
 from rollout.orchestration.router import EngineError
+
+if TYPE_CHECKING:  # the Agent's module imports this one (an Agent hands its harness the gateway)
+    from rollout.agents.client import Agent
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is read whole

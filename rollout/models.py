@@ -13,11 +13,14 @@ Folders are cached under $TRACERL_CACHE (default ~/.cache/tracerl).
 
 from __future__ import annotations
 
+import logging
 import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 BUILTIN_MODELS = ("tiny", "tiny_tied", "smollm2_135m")
 _TINY_VERSION = "v1"  # bump when the tiny recipe changes, to invalidate caches
@@ -154,7 +157,7 @@ def build_smollm2() -> Path:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         gguf = _smollm2_gguf()
-        print(f"[tracerl] converting {gguf.name} to safetensors in {out.parent} (once)", flush=True)
+        log.info(f"[tracerl] converting {gguf.name} to safetensors in {out.parent} (once)")
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                       torch_dtype=torch.float32)

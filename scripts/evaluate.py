@@ -43,6 +43,7 @@ from rollout.viewer import build_view, load_decode, render_page
 from trainer.config import TrainJobConfig, compose, validate
 from trainer.evaluation import Weights, eval_sampling, evaluate_weights, report, weights_for, with_weights
 from trainer.metrics import paired_comparison, write_atomic
+from rollout.log import setup_logging
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -147,4 +148,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -13,6 +13,7 @@ sequences per trace); the last line is JSON.
 from __future__ import annotations
 
 import math
+import json
 import sys
 import time
 
@@ -25,6 +26,7 @@ from rollout.orchestration.fleet import RolloutFleet
 from rollout.orchestration.placement import with_cluster_for_this_machine
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
+from rollout.log import setup_logging
 
 register_configs()
 
@@ -57,9 +59,10 @@ def generate(cfg: GenerateJobConfig) -> dict:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="generate")
 def main(dcfg: DictConfig) -> None:
-    run_job(dcfg, validate, generate)
+    print(json.dumps(run_job(dcfg, validate, generate)))  # the summary: the last line of output
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     sys.argv = with_cluster_for_this_machine(sys.argv)  # no cluster= given: the preset for this machine's GPUs
     main()

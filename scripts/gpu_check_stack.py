@@ -33,6 +33,7 @@ from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Sequence, Trace
 from trainer.config import compose, validate
 from trainer.policy import TrainedPolicy
+from rollout.log import setup_logging
 
 GROUPS, PER_GROUP, SCORED = 2, 4, 4  # completions sampled; how many of them are scored for parity
 # max |Δlogp| engine vs learner that passes: fp32 on CPU as the tests hold it; the others are first
@@ -170,4 +171,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -30,6 +30,7 @@ import torch
 
 from rollout.weights.group import WeightGroup
 from rollout.weights.transport import GroupPlan, choose_transport, device_identity, staging_for
+from rollout.log import setup_logging
 
 DTYPES = ("bfloat16", "float32")
 
@@ -181,4 +182,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -21,6 +21,7 @@ from pathlib import Path
 from rollout.models import BUILTIN_MODELS, resolve_model
 from rollout.trace import TraceError, read_jsonl
 from rollout.viewer import build_view, load_decode, render_page
+from rollout.log import setup_logging
 
 
 def _run_dir_model(traces: Path) -> str | None:
@@ -87,4 +88,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -35,6 +35,7 @@ rollouts.jsonl: the resumed run trains exactly what the uninterrupted one did.
 
 from __future__ import annotations
 
+import logging
 import json
 import os
 import pickle
@@ -48,6 +49,8 @@ import msgspec
 from rollout.trace import Trace, TraceError
 from trainer import hf_folder
 from trainer.learner_group import LearnerGroup
+
+log = logging.getLogger(__name__)
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:
@@ -192,8 +195,7 @@ def load_newest(run_dir: str | Path, load: Callable[[Path, dict], None]) -> tupl
             return d, state
         except Exception as e:
             first_error = first_error or e
-            print(f"[train] checkpoint {d} cannot be loaded ({type(e).__name__}: {e}); trying the one before",
-                  flush=True)
+            log.warning(f"[train] checkpoint {d} cannot be loaded ({type(e).__name__}: {e}); trying the one before")
     raise RuntimeError(f"trainer.resume: none of the {len(candidates)} complete checkpoints under "
                        f"{run_dir}/checkpoints loads; the newest failed with: {first_error}") from first_error
 
@@ -218,7 +220,7 @@ def newest_state(run_dir: str | Path) -> tuple[Path, dict] | None:
         try:
             return d, read_state(d)
         except ValueError as e:
-            print(f"[train] {e}; trying the checkpoint before", flush=True)
+            log.warning(f"[train] {e}; trying the checkpoint before")
     return None
 
 
@@ -232,8 +234,7 @@ def prune(run_dir: str | Path, keep_last: int, step: int) -> list[Path]:
     before = [d for d in done if step_of(d) < step]
     after = [d for d in done if step_of(d) > step]
     for d in after:
-        print(f"[train] deleting {d}: newer than step {step} just saved, it is one a resume fell back past",
-              flush=True)
+        log.warning(f"[train] deleting {d}: newer than step {step} just saved, it is one a resume fell back past")
     old = before[:max(len(before) - (keep_last - 1), 0)] + after
     for d in old:
         shutil.rmtree(d)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 from enum import StrEnum
 
+from rollout.log import setup_logging
 from rollout.weights.lora_names import own_params, peft_config, peft_name, saved_name
 from rollout.weights.transport import Layout
 from trainer.losses import LossConfig, microbatch_loss
@@ -125,6 +126,7 @@ class Learner:
         """`dtype`: the model's (`model.dtype`): float32, or bfloat16 with fp32 master weights;
         `adapters`: {policy: (rollout.config.LoraConfig, LearnerConfig)}: train those LoRA adapters
         on the frozen model instead, each with its own optimizer settings (lr, betas, ...)."""
+        setup_logging()  # this actor's process
         self.rank, self.model_path, self.cfg, self.loss_cfg = rank, model_path, cfg, loss
         self.adapters = dict(adapters or {})
         self.dtype, self.seed = dtype, seed

@@ -8,6 +8,7 @@ staleness and version), `eval/*` (held-out runs).
 
 from __future__ import annotations
 
+import logging
 import json
 import math
 import os
@@ -18,6 +19,8 @@ from typing import Any
 from rollout.trace import Trace
 from rollout.viewer import build_view, render_sequence
 from trainer.advantages import advantage_stats
+
+log = logging.getLogger(__name__)
 
 
 def advantage_metrics(traces: list[Trace], advs: list[list[float]], policy: str) -> dict[str, float]:
@@ -142,7 +145,7 @@ def kept_rows(path: Path, resume_step: int) -> list[str]:
         if row["step"] <= resume_step:
             kept.append(line)
     if torn:
-        print(f"[train] {path}: left out {torn} line(s) that are not metric rows (a write cut short)", flush=True)
+        log.warning(f"[train] {path}: left out {torn} line(s) that are not metric rows (a write cut short)")
     return kept
 
 
@@ -210,7 +213,7 @@ class RunLogger:
             parts.append(f"engine restarts {int(m['rollout/engine_restarts'])}")
         if m.get("async/dropped_stale", 0):
             parts.append(f"dropped {int(m['async/dropped_stale'])}")
-        print("[train] " + " | ".join(parts), flush=True)
+        log.info("[train] " + " | ".join(parts))
 
     def traces(self, step: int, traces: list[Trace], decode) -> None:
         """Log `trace_table` of a few full traces."""

@@ -34,6 +34,7 @@ adapter; until its first push an adapter is its base (PEFT starts lora_B at 0).
 
 from __future__ import annotations
 
+import logging
 import asyncio
 import contextlib
 import functools
@@ -48,6 +49,9 @@ from pathlib import Path
 
 from rollout.config import EngineConfig, LoraConfig, SamplingConfig
 from rollout.engine.args import _vllm_env, bind_cpu_cores, core_kind, engine_args, sampling_params
+from rollout.log import setup_logging
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,6 +89,7 @@ class Engine:
         pushes of (none: always the weights in `model_path`); `index`: this engine's place in the
         pool (the stores count its starts); `adapters`: LoRA policy -> its adapter settings."""
         since = time.perf_counter()
+        setup_logging()  # this actor's process: its lines reach the driver's terminal (Ray forwards stderr)
         _vllm_env(cfg.vllm_log_level)
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -111,9 +116,9 @@ class Engine:
             self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
-        print(f"[engine] pool {pool!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
-              f"(vLLM imported in {t0 - since:.1f} s, core on a {core_kind(cfg)}: weights and KV cache "
-              f"{self.start_s:.1f} s)", flush=True)
+        log.info(f"[engine] pool {pool!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
+                 f"(vLLM imported in {t0 - since:.1f} s, core on a {core_kind(cfg)}: weights and KV cache "
+                 f"{self.start_s:.1f} s)")
         self._active = 0  # requests in flight
         self._finished = 0  # requests answered (the watchdog's sign of progress)
         self._busy_s = 0.0  # seconds with at least one request in flight
@@ -130,8 +135,8 @@ class Engine:
         can never serve again, so it exits with an error and Ray restarts it (engine.max_restarts).
         os._exit, not ray.actor.exit_actor: Ray does not restart an actor that exits on purpose."""
         if self._llm.errored and not self._shut_down:
-            print(f"[engine] pool {self.pool!r} engine {self._index}: vLLM's engine core died; exiting so Ray "
-                  f"restarts this engine", flush=True)
+            log.error(f"[engine] pool {self.pool!r} engine {self._index}: vLLM's engine core died; exiting so Ray "
+                      f"restarts this engine")
             os._exit(1)
 
     async def _current(self) -> None:

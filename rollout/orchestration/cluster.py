@@ -7,7 +7,7 @@ them into the rollout side of a run.
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 import os
 import sys
@@ -22,6 +22,8 @@ from rollout.engine.engine import Engine
 from rollout.weights.store import WeightStore
 from rollout.orchestration.placement import Ask, actor_options, check_gpu_count, visible_gpus
 from rollout.orchestration.worker import RolloutWorker
+
+log = logging.getLogger(__name__)
 
 
 def start_ray(cfg: RayConfig, cpus_asked: float = 0.0, asks: list[Ask] = ()) -> None:
@@ -47,23 +49,24 @@ def local_cpus(cfg: RayConfig, cpus_asked: float) -> int:
     return cfg.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_asked))
 
 
-def run_job(dcfg, validate: Callable[[Any], None], job: Callable[[Any], dict]) -> None:
+def run_job(dcfg, validate: Callable[[Any], None], job: Callable[[Any], dict]) -> dict:
     """What every entry point does with the config Hydra composed: convert it to the typed
-    schema and validate it (a bad one exits 2 with `config error: ...`, before Ray starts), run
-    the job, shut Ray down whatever happens, and print the job's summary as the last line (JSON)."""
+    schema and validate it (a bad one exits 2 with `config error: ...` logged, before Ray starts),
+    run the job and shut Ray down whatever happens. Returns the job's summary, which the script
+    prints as its last line (JSON)."""
     from omegaconf import OmegaConf
 
     try:
         cfg = OmegaConf.to_object(dcfg)
         validate(cfg)
     except ValueError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        log.error(f"config error: {e}")
         sys.exit(2)
     try:
         summary = job(cfg)
     finally:
         ray.shutdown()
-    print(json.dumps(summary))
+    return summary
 
 
 def await_started(actors: list, ready: list, timeout_s: float, what: str, resources: dict) -> list:

@@ -19,6 +19,7 @@ from harnesses.scoring import ScoringScope
 from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.agents.gateway import Gateway
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
+from rollout.log import setup_logging
 from rollout.orchestration.router import EngineError, Router
 from rollout.trace import Trace, TraceError
 
@@ -34,6 +35,7 @@ class RolloutWorker:
                  model_paths: dict[str, str], buffer):
         """`engines` (Engine actor handles) and `model_paths` (tokenizers) are keyed by policy;
         `cfg.agents` maps role -> policy."""
+        setup_logging()  # this actor's process (harnesses log too)
         self.worker_id = worker_id
         self.harness = load_harness(cfg.harness._target_)
         self.harness_options = dict(cfg.harness.options)

@@ -19,6 +19,7 @@ Either way an engine tags its later outputs with the pushed version.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -27,6 +28,8 @@ from typing import Any, Protocol
 import ray
 
 from rollout.weights.transport import OPEN_TIMEOUT_S, GroupPlan, Layout, choose_transport, dtype_of
+
+log = logging.getLogger(__name__)
 
 
 class SyncMethod(StrEnum):
@@ -105,8 +108,8 @@ class ObjectStoreSync:
                 if self.store is None:
                     raise
                 # It died during the load: Ray restarts it, and it loads this version from the store.
-                print(f"[sync] engine {i} of policy {self.learners.name!r} died while loading version {version}; "
-                      f"it restarts with it", flush=True)
+                log.warning(f"[sync] engine {i} of policy {self.learners.name!r} died while loading version {version}; "
+                            f"it restarts with it")
         seconds = time.perf_counter() - t0
         nbytes = results[0]["bytes"] if results else 0.0
         return {"seconds": seconds, "export_seconds": t_export,
@@ -163,8 +166,8 @@ class CollectiveSync:
         self.members = self._pids()
         if opened != self.transports:
             for i, (ts, ws) in enumerate(zip(opened, workers)):
-                print(f"[sync] policy {self.learners.name!r}: engine {i} takes weights over {'+'.join(ts)} "
-                      f"(learner rank 0 on {sender}; its workers on {', '.join(ws)})", flush=True)
+                log.info(f"[sync] policy {self.learners.name!r}: engine {i} takes weights over {'+'.join(ts)} "
+                         f"(learner rank 0 on {sender}; its workers on {', '.join(ws)})")
         self.transports = opened
 
     def _resting(self) -> bool:
@@ -217,9 +220,9 @@ class CollectiveSync:
             self.rest_members = self._pids()
         except (ray.exceptions.RayError, TimeoutError):
             self.rest_members, self.rest = None, 0  # an engine is down: its restart reopens the group
-        print(f"[sync] the weight group of policy {self.learners.name!r} could not carry version {version} "
-              f"({type(error).__name__}: {str(error)[:200]}); sending it through the object store, and the next "
-              f"{self.rest} pushes too unless an engine restarts", flush=True)
+        log.warning(f"[sync] the weight group of policy {self.learners.name!r} could not carry version {version} "
+                    f"({type(error).__name__}: {str(error)[:200]}); sending it through the object store, and the next "
+                    f"{self.rest} pushes too unless an engine restarts")
         return {**self.fallback.push(version), "fallbacks": 1.0}
 
 

@@ -31,6 +31,7 @@ from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
+from rollout.log import setup_logging
 
 DTYPES = ("float32", "bfloat16")
 
@@ -97,4 +98,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -47,6 +47,7 @@ from trainer.baseline import PlainLoop, memcpy_s
 from trainer.config import compose
 from trainer.loop import train
 from trainer.policy import micro_batches
+from rollout.log import setup_logging
 
 VARIANTS = {  # name -> (default overrides, {variant: its overrides})
     "staleness": (["experiment=smoke"], {"sync": ["trainer.max_staleness=0"], "async": ["trainer.max_staleness=1"]}),
@@ -199,4 +200,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

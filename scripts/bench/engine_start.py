@@ -30,6 +30,7 @@ from rollout.orchestration.cluster import spawn_engines, start_ray
 from rollout.config import EngineConfig, RayConfig, SamplingConfig
 from rollout.models import resolve_model
 from trainer.config import compose
+from rollout.log import setup_logging
 
 HAS_CORE = "core" in {f.name for f in dataclasses.fields(EngineConfig)}
 DEFAULT = "default"  # the label of the engine's own start where EngineConfig has no `core` key
@@ -97,4 +98,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

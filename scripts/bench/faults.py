@@ -33,6 +33,7 @@ from rollout.config import RayConfig
 from rollout.orchestration.faults import Injector
 from trainer.config import compose
 from trainer.loop import train
+from rollout.log import setup_logging
 
 RUN = ["experiment=smoke", "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
        "eval.size=0", "logger=disabled", "engine.health_check_s=2", "engine.health_timeout_s=10",
@@ -110,4 +111,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -45,6 +45,7 @@ from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import packing_stats
 from trainer.policy import TrainedPolicy, trained_policies
+from rollout.log import setup_logging
 
 
 def fwd_bwd_seconds(model, mbs) -> float:
@@ -243,4 +244,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -30,6 +30,7 @@ from rollout.config import EngineConfig, LoraConfig
 from rollout.engine.args import engine_args
 from rollout.weights.lora_names import peft_config
 from rollout.models import resolve_model
+from rollout.log import setup_logging
 
 
 def random_adapters(model_path: str, lora: LoraConfig, folder: str) -> dict[str, str]:
@@ -132,4 +133,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -35,6 +35,7 @@ from rollout.orchestration.fleet import RolloutFleet
 from rollout.models import resolve_model
 from rollout.config import make_task_source
 from trainer.config import compose
+from rollout.log import setup_logging
 
 
 def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict[str, list[dict]]:
@@ -117,4 +118,5 @@ def main() -> None:
     print(json.dumps(result))
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -16,6 +16,7 @@ import re
 import time
 
 from rollout.agents.tool_calls import parse_tool_calls
+from rollout.log import setup_logging
 
 _OLD = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 NORMAL = ('Let me compute that.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n'
@@ -54,4 +55,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from rollout.trace import Sequence, Trace, read_jsonl, write_jsonl
+from rollout.log import setup_logging
 
 
 def synthetic_trace(rng: random.Random, i: int) -> Trace:
@@ -82,4 +83,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -20,7 +20,7 @@ def names(paths):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("damage", ['{"step": 4, "vers', '{"versions": {"main": 4}}', "\x00\x00"])
-def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, damage, capsys):
+def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, damage, caplog):
     for step in (2, 4):
         fake_checkpoint(tmp_path, step)
     (checkpoint.step_dir(tmp_path, 4) / "trainer_state.json").write_text(damage)  # torn by a crash
@@ -28,7 +28,7 @@ def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, d
     ckpt, state = checkpoint.load_newest(tmp_path, lambda d, s: loaded.append((d.name, s)))
     assert (ckpt.name, state["step"]) == ("step_000002", 2)
     assert loaded == [("step_000002", {"step": 2, "versions": {"main": 2}})]
-    assert "step_000004/trainer_state.json is damaged" in capsys.readouterr().out
+    assert "step_000004/trainer_state.json is damaged" in caplog.text
 
     def cfg(steps):
         return compose("train", ["experiment=smoke", f"run_dir={tmp_path}", f"trainer.steps={steps}",

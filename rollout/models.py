@@ -13,8 +13,8 @@ Folders are cached under $TRACERL_CACHE (default ~/.cache/tracerl).
 
 from __future__ import annotations
 
-import logging
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile

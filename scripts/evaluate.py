@@ -34,16 +34,16 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from rollout.orchestration.cluster import start_ray
-from rollout.models import resolve_model
-from rollout.orchestration.placement import pick_cluster, visible_gpus
 from rollout.config import RolloutJobConfig
+from rollout.log import setup_logging
+from rollout.models import resolve_model
+from rollout.orchestration.cluster import start_ray
+from rollout.orchestration.placement import pick_cluster, visible_gpus
 from rollout.trace import Trace, write_jsonl
 from rollout.viewer import build_view, load_decode, render_page
 from trainer.config import TrainJobConfig, compose, validate
 from trainer.evaluation import Weights, eval_sampling, evaluate_weights, report, weights_for, with_weights
 from trainer.metrics import paired_comparison, write_atomic
-from rollout.log import setup_logging
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -12,21 +12,21 @@ sequences per trace); the last line is JSON.
 
 from __future__ import annotations
 
-import math
 import json
+import math
 import sys
 import time
 
 import hydra
 from omegaconf import DictConfig
 
-from rollout.orchestration.cluster import run_job, start_ray
 from rollout.config import GenerateJobConfig, register_configs, validate
+from rollout.log import setup_logging
+from rollout.orchestration.cluster import run_job, start_ray
 from rollout.orchestration.fleet import RolloutFleet
 from rollout.orchestration.placement import with_cluster_for_this_machine
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
-from rollout.log import setup_logging
 
 register_configs()
 

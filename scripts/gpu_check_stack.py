@@ -27,13 +27,13 @@ from pathlib import Path
 
 import ray
 
-from rollout.orchestration.cluster import start_ray
 from rollout.config import SamplingConfig
+from rollout.log import setup_logging
+from rollout.orchestration.cluster import start_ray
 from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Sequence, Trace
 from trainer.config import compose, validate
 from trainer.policy import TrainedPolicy
-from rollout.log import setup_logging
 
 GROUPS, PER_GROUP, SCORED = 2, 4, 4  # completions sampled; how many of them are scored for parity
 # max |Δlogp| engine vs learner that passes: fp32 on CPU as the tests hold it; the others are first

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
+from rollout.log import setup_logging
 from rollout.weights.group import WeightGroup
 from rollout.weights.transport import GroupPlan, choose_transport, device_identity, staging_for
-from rollout.log import setup_logging
 
 DTYPES = ("bfloat16", "float32")
 

@@ -19,11 +19,11 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from rollout.log import setup_logging
 from rollout.orchestration.cluster import run_job
 from rollout.orchestration.placement import with_cluster_for_this_machine
 from trainer.config import register_configs
 from trainer.loop import check, train
-from rollout.log import setup_logging
 
 register_configs()
 

@@ -18,10 +18,10 @@ import itertools
 import sys
 from pathlib import Path
 
+from rollout.log import setup_logging
 from rollout.models import BUILTIN_MODELS, resolve_model
 from rollout.trace import TraceError, read_jsonl
 from rollout.viewer import build_view, load_decode, render_page
-from rollout.log import setup_logging
 
 
 def _run_dir_model(traces: Path) -> str | None:

@@ -59,8 +59,8 @@ def tiny_tied_path() -> str:
 def ray_cluster():
     import ray
 
-    from rollout.orchestration.cluster import start_ray
     from rollout.config import RayConfig
+    from rollout.orchestration.cluster import start_ray
 
     # More logical CPUs than cores: test actors are mostly idle.
     start_ray(RayConfig(address="local", num_cpus=8))
@@ -81,8 +81,8 @@ def engine(ray_cluster, tiny_path, engine_cfg):
     put the original ones back."""
     import ray
 
-    from rollout.orchestration.cluster import spawn_engines
     from rollout.config import ModelConfig
+    from rollout.orchestration.cluster import spawn_engines
 
     [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), engine_cfg)})["main"]
     yield e
@@ -97,8 +97,8 @@ def tied_engine(ray_cluster, tiny_tied_path, engine_cfg):
     original weights back."""
     import ray
 
-    from rollout.orchestration.cluster import spawn_engines
     from rollout.config import ModelConfig
+    from rollout.orchestration.cluster import spawn_engines
 
     [e] = spawn_engines({"main": (tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg)})["main"]
     yield e
@@ -175,12 +175,13 @@ def run_worker(engine, tiny_path):
     takes token ids below `vocab_size`). Returns (worker stats, complete groups, buffer stats)."""
     import ray
 
-    from rollout.orchestration.cluster import spawn_buffer, spawn_workers
     from rollout.config import GenerateJobConfig, RolloutConfig, SamplingConfig, TaskConfig
+    from rollout.orchestration.cluster import spawn_buffer, spawn_workers
 
     def run(harness, agents, n_tasks, group_size=2, timeout_s=20.0, max_tokens=16, vocab_size=512):
         policies = set(agents.values())
-        cfg = GenerateJobConfig(harness=harness, agents=agents, task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
+        cfg = GenerateJobConfig(harness=harness, agents=agents,
+                                task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
                                 rollout=RolloutConfig(concurrency=8, group_size=group_size, timeout_s=timeout_s),
                                 sampling=SamplingConfig(max_tokens=max_tokens))
         buffer = spawn_buffer(group_size, {p: vocab_size for p in policies})

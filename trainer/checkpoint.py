@@ -35,14 +35,15 @@ rollouts.jsonl: the resumed run trains exactly what the uninterrupted one did.
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 import os
 import pickle
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 

@@ -16,9 +16,9 @@ import copy
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from rollout.config import SamplingConfig
 from rollout.models import BUILTIN_MODELS

@@ -28,9 +28,10 @@ import math
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
 from enum import StrEnum
+from typing import Any
 
 from rollout.log import setup_logging
 from rollout.weights.lora_names import own_params, peft_config, peft_name, saved_name
@@ -61,7 +62,8 @@ class LearnerConfig:
     micro_batch_tokens: int = 4096  # padded tokens per forward/backward
     gradient_checkpointing: bool = False  # trade compute for activation memory
     dist_timeout_s: float = 600.0  # collective-op timeout
-    call_timeout_s: float = 1800.0  # one learner call (train step, weight export, save, load) longer than this stops the run
+    # one learner call (train step, weight export, save, load) longer than this stops the run
+    call_timeout_s: float = 1800.0
     share_lora_base: bool = True  # LoRA policies on one base model train on one set of ranks holding the base once
 
 

@@ -19,8 +19,8 @@ resumed asynchronous run trains exactly what the uninterrupted one would have.
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 import random
 import time
 from collections import Counter
@@ -35,8 +35,8 @@ from rollout.orchestration.cluster import start_ray
 from rollout.orchestration.fleet import RolloutFleet
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
-from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer import checkpoint
+from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer.evaluation import eval_sampling
 from trainer.metrics import RunLogger, paired_comparison, rollout_split, step_totals, write_atomic
 from trainer.policy import TrainedPolicy, start_learners, trained_policies

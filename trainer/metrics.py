@@ -8,8 +8,8 @@ staleness and version), `eval/*` (held-out runs).
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 import math
 import os
 import time

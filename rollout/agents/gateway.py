@@ -57,7 +57,7 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rollout.agents.messages import RequestError, error_response, normalize, request_tools, sampling_args, sse_events
 from rollout.agents.tool_calls import native_tools, parse_tool_calls, template_messages

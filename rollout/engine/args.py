@@ -12,6 +12,7 @@ import warnings
 
 from rollout.config import EngineConfig, LoraConfig, SamplingConfig
 
+
 def core_kind(cfg: EngineConfig) -> str:
     """Where this engine's vLLM engine core runs (`engine.core`): "thread" or "process"."""
     if cfg.core != "auto":

@@ -34,10 +34,10 @@ adapter; until its first push an adapter is its base (PEFT starts lora_B at 0).
 
 from __future__ import annotations
 
-import logging
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import pickle
 import shutil
@@ -357,7 +357,8 @@ class Engine:
         return {"pool": self.pool, "version": self.version, "adapter_versions": dict(self.adapter_versions),
                 "vocab_size": self.vocab_size,
                 "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
-                "busy_s": busy, "steps": self._clock.totals(), "active": self._active, "finished": self._finished, "pid": os.getpid(),
+                "busy_s": busy, "steps": self._clock.totals(), "active": self._active, "finished": self._finished,
+                "pid": os.getpid(),
                 "loading_s": None if self._loading_since is None else time.monotonic() - self._loading_since,
                 "loads_waiting": self._loads_waiting,
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}

@@ -26,8 +26,9 @@ import concurrent.futures
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class EngineThreadDied(RuntimeError):

@@ -12,16 +12,17 @@ import math
 import os
 import sys
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
-from rollout.orchestration.buffer import TraceBuffer
 from rollout.config import EngineConfig, LoraConfig, ModelConfig, RayConfig, RolloutJobConfig
 from rollout.engine.engine import Engine
-from rollout.weights.store import WeightStore
+from rollout.orchestration.buffer import TraceBuffer
 from rollout.orchestration.placement import Ask, actor_options, check_gpu_count, visible_gpus
 from rollout.orchestration.worker import RolloutWorker
+from rollout.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ def await_started(actors: list, ready: list, timeout_s: float, what: str, resour
 
 
 def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed: int = 0,
-                  stores: dict | None = None, adapters: dict[str, dict[str, LoraConfig]] | None = None) -> dict[str, list]:
+                  stores: dict | None = None,
+                  adapters: dict[str, dict[str, LoraConfig]] | None = None) -> dict[str, list]:
     """Start every pool's engines at once — `pool: (model folder, model, engine settings)`,
     `num_engines` Engine actors each, with that pool's Ray resources — and wait until all are up.
     `stores`: pool -> {policy: WeightStore} of the policies it takes weight pushes of (see
@@ -131,7 +133,8 @@ def spawn_workers(cfg: RolloutJobConfig, engines: dict[str, list], model_paths: 
     and wait until they are up (a harness or task source that fails to load fails here)."""
     cls = ray.remote(num_cpus=0)(RolloutWorker)
     workers = [cls.options(max_concurrency=1000, max_restarts=cfg.rollout.max_worker_restarts,
-                           name=f"tracerl-worker-{i}-{uuid.uuid4().hex[:8]}").remote(i, cfg, engines, model_paths, buffer)
+                           name=f"tracerl-worker-{i}-{uuid.uuid4().hex[:8]}").remote(i, cfg, engines, model_paths,
+                                                                                     buffer)
                for i in range(cfg.rollout.num_workers)]
     await_started(workers, [w.stats.remote() for w in workers], start_timeout_s, "rollout workers", {"num_cpus": 0})
     return workers

@@ -22,13 +22,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import ray
 
-from rollout.orchestration.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
 from rollout.config import RolloutJobConfig, SamplingConfig
 from rollout.models import resolve_model
+from rollout.orchestration.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
 from rollout.orchestration.router import actor_state, wait_until_restarted
 from rollout.trace import Trace
 
@@ -61,7 +61,8 @@ class RolloutFleet:
             self.pools = spawn_engines(
                 {name: (self.model_paths[ps[0]], models[ps[0]], cfg.pool_engine(ps)) for name, ps in pools.items()},
                 seed=cfg.seed, stores={name: {p: self.stores[p] for p in ps} for name, ps in pools.items()},
-                adapters={name: {p: cfg.policy_lora(p) for p in ps if cfg.policy_lora(p)} for name, ps in pools.items()})
+                adapters={name: {p: cfg.policy_lora(p) for p in ps if cfg.policy_lora(p)}
+                          for name, ps in pools.items()})
             self.engines = {p: self.pools[name] for name, ps in pools.items() for p in ps}
             infos = ray.get([pool[0].info.remote() for pool in self.engines.values()], timeout=60)
             self.vocab_sizes = {p: info["vocab_size"] for p, info in zip(self.engines, infos)}
@@ -135,7 +136,8 @@ class RolloutFleet:
         if not wait_until_restarted(self.workers[worker], "stats", limit):
             raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it within "
                                f"rollout.worker_restart_timeout_s={limit} (killed for good, or past "
-                               f"rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): {error}") from error
+                               f"rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): "
+                               f"{error}") from error
         self.worker_restarts += 1
         log.warning(f"[rollout] worker {worker} died ({type(error).__name__}); {then}")
 

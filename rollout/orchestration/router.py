@@ -61,7 +61,7 @@ class Router:
             except asyncio.CancelledError:  # the caller gave up (its episode's deadline, a client that left)
                 ray.cancel(ref)  # so does the engine: vLLM aborts the request
                 raise
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 ray.cancel(ref)
                 raise EngineError(f"engine {index} of policy {self.policy!r} did not answer a request "
                                   f"within engine.request_timeout_s={self.timeout_s}") from None

@@ -12,10 +12,9 @@ from __future__ import annotations
 import datetime
 import math
 import os
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
-from rollout.weights.transport import (OPEN_TIMEOUT_S, GroupPlan, Layout, attach, dtype_of, offsets,
-                                      release)
+from rollout.weights.transport import OPEN_TIMEOUT_S, GroupPlan, Layout, attach, dtype_of, offsets, release
 
 
 class WeightGroup:

@@ -21,17 +21,17 @@ import time
 import ray
 import torch
 
-from rollout.engine.baseline import bench_vllm
 from rollout.agents.client import ChatFormat
-from rollout.orchestration.cluster import start_ray
 from rollout.config import RayConfig, make_task_source
+from rollout.engine.baseline import bench_vllm
+from rollout.log import setup_logging
 from rollout.models import resolve_model
+from rollout.orchestration.cluster import start_ray
 from trainer.baseline import batches_for, conversation_trace
 from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
-from rollout.log import setup_logging
 
 DTYPES = ("float32", "bfloat16")
 
@@ -90,7 +90,8 @@ def main() -> None:
     if args.quick:
         args.model, args.prompts, args.max_tokens, args.rows, args.rounds = "tiny", 4, 8, 2, 1
     torch.manual_seed(0)
-    result = {"bench": "bf16", "quick": args.quick, "model": args.model, "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
+    result = {"bench": "bf16", "quick": args.quick, "model": args.model,
+              "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
               "engine": engine_side(args.model, args.prompts, args.max_tokens, args.rounds),
               "learner": learner_side(args.model, args.rows, args.rounds, args.budget)}
     ray.shutdown()  # before the result: an actor's late log line would follow it otherwise

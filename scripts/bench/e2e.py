@@ -11,7 +11,8 @@ against its speed of light.
 max_staleness=1. `--compare policies` (default: experiment=smoke harness=solver_verifier) trains
 solver and verifier as one shared policy, then as two (verifier -> its own `critic`), with the
 same traces per step. `--compare lora` trains solver and verifier as two full policies (an engine
-each), then as two LoRA adapters (rank 16) of one base on one engine. For each variant: trained tokens/s over the loop, seconds per step, and
+each), then as two LoRA adapters (rank 16) of one base on one engine. For each variant: trained
+tokens/s over the loop, seconds per step, and
 how idle each side was — the learners (1 - train seconds / loop seconds) and the rollout engines
 (1 - seconds with a request in flight / loop seconds).
 
@@ -38,16 +39,16 @@ from pathlib import Path
 import ray
 
 from rollout.agents.client import ChatFormat
-from rollout.orchestration.cluster import spawn_engines, start_ray
 from rollout.config import RayConfig, SamplingConfig
+from rollout.log import setup_logging
 from rollout.models import resolve_model
+from rollout.orchestration.cluster import spawn_engines, start_ray
 from rollout.trace import read_jsonl
 from trainer.advantages import compute_advantages
 from trainer.baseline import PlainLoop, memcpy_s
 from trainer.config import compose
 from trainer.loop import train
 from trainer.policy import micro_batches
-from rollout.log import setup_logging
 
 VARIANTS = {  # name -> (default overrides, {variant: its overrides})
     "staleness": (["experiment=smoke"], {"sync": ["trainer.max_staleness=0"], "async": ["trainer.max_staleness=1"]}),

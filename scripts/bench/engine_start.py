@@ -26,11 +26,11 @@ import time
 
 import ray
 
-from rollout.orchestration.cluster import spawn_engines, start_ray
 from rollout.config import EngineConfig, RayConfig, SamplingConfig
-from rollout.models import resolve_model
-from trainer.config import compose
 from rollout.log import setup_logging
+from rollout.models import resolve_model
+from rollout.orchestration.cluster import spawn_engines, start_ray
+from trainer.config import compose
 
 HAS_CORE = "core" in {f.name for f in dataclasses.fields(EngineConfig)}
 DEFAULT = "default"  # the label of the engine's own start where EngineConfig has no `core` key

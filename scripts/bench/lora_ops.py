@@ -28,9 +28,9 @@ import torch
 
 from rollout.config import EngineConfig, LoraConfig
 from rollout.engine.args import engine_args
-from rollout.weights.lora_names import peft_config
-from rollout.models import resolve_model
 from rollout.log import setup_logging
+from rollout.models import resolve_model
+from rollout.weights.lora_names import peft_config
 
 
 def random_adapters(model_path: str, lora: LoraConfig, folder: str) -> dict[str, str]:
@@ -80,7 +80,7 @@ def run_variant(ops: str, model_path: str, adapters: dict[str, str], lora: LoraC
                "a+b": [reqs["a"]] * half + [reqs["b"]] * (n - half),
                "base+a": [None] * half + [reqs["a"]] * (n - half)}
 
-    async def main() -> dict:
+    async def main(llm) -> dict:  # (an argument: the name is deleted below)
         await batch(llm, prompts[:4], [None, reqs["a"], reqs["b"], None], params)  # warm up, adapters loaded
         out, ids = {}, {}
         for name, loras in batches.items():
@@ -91,7 +91,7 @@ def run_variant(ops: str, model_path: str, adapters: dict[str, str], lora: LoraC
         return out
 
     try:
-        return {"ops": ops, **asyncio.run(main())}
+        return {"ops": ops, **asyncio.run(main(llm))}
     finally:
         llm.shutdown()
         del llm

@@ -27,15 +27,14 @@ import time
 
 import ray
 
-from rollout.engine.baseline import bench_vllm
 from rollout.agents.client import ChatFormat
-from rollout.orchestration.cluster import start_ray
-from rollout.config import GenerateJobConfig
-from rollout.orchestration.fleet import RolloutFleet
-from rollout.models import resolve_model
-from rollout.config import make_task_source
-from trainer.config import compose
+from rollout.config import GenerateJobConfig, make_task_source
+from rollout.engine.baseline import bench_vllm
 from rollout.log import setup_logging
+from rollout.models import resolve_model
+from rollout.orchestration.cluster import start_ray
+from rollout.orchestration.fleet import RolloutFleet
+from trainer.config import compose
 
 
 def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict[str, list[dict]]:

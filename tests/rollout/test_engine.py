@@ -5,8 +5,8 @@ import ray
 import torch
 from safetensors.torch import save
 
-from rollout.orchestration.cluster import spawn_engines, spawn_stores
 from rollout.config import ModelConfig, SamplingConfig
+from rollout.orchestration.cluster import spawn_engines, spawn_stores
 from tests.conftest import chat_prompt, hf_logprobs
 
 

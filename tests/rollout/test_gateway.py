@@ -13,9 +13,9 @@ import pytest
 from openai import APITimeoutError, AsyncOpenAI, BadRequestError
 
 from rollout.agents.client import Agent, ChatFormat, TraceRecorder
-from rollout.config import HarnessConfig, SamplingConfig
 from rollout.agents.gateway import Gateway
 from rollout.agents.tool_calls import parse_tool_calls
+from rollout.config import HarnessConfig, SamplingConfig
 from rollout.orchestration.router import Router
 from rollout.trace import Trace
 from trainer.packing import build_rows, token_weights
@@ -224,9 +224,9 @@ def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, e
     import ray
 
     from examples.calculator_agent import SYSTEM, TOOLS
-    from rollout.orchestration.cluster import spawn_engines
     from rollout.config import ModelConfig
     from rollout.models import resolve_model
+    from rollout.orchestration.cluster import spawn_engines
 
     path = resolve_model("smollm2_135m")
     [eng] = spawn_engines({"main": (path, ModelConfig(name="smollm2_135m"), engine_cfg)})["main"]

@@ -17,9 +17,9 @@ from openai import APIStatusError, AsyncOpenAI, BadRequestError
 from transformers import AutoTokenizer
 
 from rollout.agents.client import Agent, ChatFormat, TraceRecorder
-from rollout.config import SamplingConfig
 from rollout.agents.gateway import Gateway
 from rollout.agents.tool_calls import parse_tool_calls
+from rollout.config import SamplingConfig
 from rollout.orchestration.router import EngineError, Router
 from tests.rollout.test_gateway import gateway_run  # noqa: F401 (the fixture)
 

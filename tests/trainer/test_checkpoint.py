@@ -8,10 +8,10 @@ import pytest
 import ray
 import torch
 
+from tests.conftest import fake_checkpoint
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.run_dir import check_run_dir
-from tests.conftest import fake_checkpoint
 
 
 def names(paths):
@@ -168,8 +168,8 @@ def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_w
     from safetensors.torch import load
     from transformers import AutoModelForCausalLM
 
-    from rollout.orchestration.cluster import spawn_engines
     from rollout.config import ModelConfig
+    from rollout.orchestration.cluster import spawn_engines
     from tests.conftest import chat_prompt
     from trainer.learner import LearnerConfig
     from trainer.learner_group import LearnerGroup
@@ -219,13 +219,13 @@ def test_a_bf16_model_is_exported_and_saved_in_bf16(ray_cluster, tiny_path, tiny
     from safetensors.torch import load
     from transformers import AutoModelForCausalLM
 
-    from rollout.orchestration.cluster import spawn_engines
     from rollout.config import ModelConfig
+    from rollout.orchestration.cluster import spawn_engines
+    from rollout.weights.sync import ObjectStoreSync
     from tests.conftest import chat_prompt
     from trainer.learner import LearnerConfig
     from trainer.learner_group import LearnerGroup
     from trainer.losses import LossConfig
-    from rollout.weights.sync import ObjectStoreSync
 
     prompt = chat_prompt(tiny_tokenizer)
     completion = tiny_tokenizer.encode("The answer is 7.", add_special_tokens=False)

@@ -6,8 +6,15 @@ import json
 import pytest
 
 from rollout.trace import Sequence, Trace
-from trainer.metrics import (RunLogger, advantage_metrics, paired_comparison, rollout_split, step_totals,
-                             trace_table, train_metrics)
+from trainer.metrics import (
+    RunLogger,
+    advantage_metrics,
+    paired_comparison,
+    rollout_split,
+    step_totals,
+    trace_table,
+    train_metrics,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -33,3 +33,19 @@ def test_the_graph_counts_lazy_imports(graph):
     [detail] = graph.get_import_details(importer="trainer.evaluation", imported="rollout.orchestration.fleet")
     assert detail["line_contents"].startswith("from rollout.orchestration.fleet import")
     assert graph.direct_import_exists(importer="trainer.evaluation", imported="rollout.orchestration.fleet")
+
+
+def test_scripts_import_only_installed_packages():
+    """scripts/ run against the installed packages (pip install .): no sys.path edits, nothing from tests/."""
+    import ast
+    from pathlib import Path
+
+    found = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "scripts").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys":
+                found.append(f"{path.name}:{node.lineno}: sys.path")
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}:{node.lineno}: imports {n}" for n in names if n.split(".")[0] == "tests"]
+    assert not found, found

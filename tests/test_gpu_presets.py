@@ -74,8 +74,8 @@ def test_the_gpu_presets_need_gpus_and_say_which_preset_fits():
      r"needs 3 GPU\(s\) .* has 2: ask fewer engines or learner ranks \(engine.num_engines, learner.world_size"),
     # a per-policy override is named as such
     (["experiment=smollm2_solver_verifier", "cluster=gpu", "ray.num_gpus=1", "+policies.frozen.engine.num_gpus=1"],
-     r"needs 2 GPU\(s\) \(engines of pool 'frozen': 1 x policies.frozen.engine.num_gpus=1; engines of pool 'main': "
-     r"1 x engine.num_gpus=0.25"),
+     r"needs 2 GPU\(s\) \(engines of pool 'frozen': 1 x policies.frozen.engine.num_gpus=1; "
+     r"engines of pool 'main': 1 x engine.num_gpus=0.25"),
     # learner ranks > 1 need whole GPUs
     (["cluster=gpu", "ray.num_gpus=1", "learner.world_size=2"],
      r"learner.world_size=2 with learner.num_gpus=0.4: DeepSpeed ranks need a whole GPU each .* set "

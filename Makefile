@@ -2,12 +2,13 @@
 #   make train   # the main training job on the embedded default (CPU, in-process Ray)
 #   make test       # the whole test suite: every tier (unit, integration, e2e; see pyproject.toml)
 #   make test-fast  # unit + integration: only the session's shared engines, nothing started per test
+#   make lint       # ruff (lint + format check) and the import layers (import-linter); CI runs it after make test
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export TRACERL_CACHE ?= $(HOME)/.cache/tracerl
 export WANDB_MODE ?= offline
 
-.PHONY: setup test test-fast train smoke bench bench-quick gpu-check clean
+.PHONY: setup test test-fast lint train smoke bench bench-quick gpu-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -18,6 +19,10 @@ test: setup
 # Everything but the e2e tier (whole training / generation runs, job scripts, fault runs).
 test-fast: setup
 	$(PY) -m pytest tests -q -m "unit or integration" $(PYTEST_ARGS)
+
+# ruff's rules and format, and the layers trainer > rollout > harnesses (pyproject.toml: [tool.ruff], [tool.importlinter]).
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
 
 # SmolLM2-135M-Instruct as solver and verifier on reasoning-gym chain_sum (conf/experiment/).
 train: setup

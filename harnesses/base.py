@@ -4,7 +4,7 @@ A harness is a plain async function (or an object with an async `__call__`):
 
     async def my_harness(task: Task, agents: dict[str, Agent], **options) -> Reward
 
-It calls models only through `agents` (see rollout/client.py), and returns the
+It calls models only through `agents` (see rollout/agents/client.py), and returns the
 reward of the whole run: a float, a dict role -> reward (per-agent rewards,
 e.g. zero-sum games), or a `HarnessResult` carrying extra info for logs.
 
@@ -28,9 +28,9 @@ import math
 import os
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator, Protocol, Union
-
+from typing import Any, Protocol
 
 # ---- tasks ---------------------------------------------------------------------------
 
@@ -187,7 +187,7 @@ class HarnessResult:
     info: dict[str, Any] = field(default_factory=dict)  # anything worth seeing in the trace viewer
 
 
-Reward = Union[float, int, bool, dict, HarnessResult]
+Reward = float | int | bool | dict | HarnessResult
 Harness = Callable[..., Awaitable[Reward]]
 
 
@@ -251,7 +251,7 @@ def load_harness(target: str) -> Harness:
     obj = load_object(target, "harness._target_")
     if inspect.isclass(obj):
         obj = obj()
-    fn = obj if inspect.iscoroutinefunction(obj) else getattr(obj, "__call__", None)
+    fn = obj if inspect.iscoroutinefunction(obj) else getattr(obj, "__call__", None)  # noqa: B004 (the method itself)
     if not inspect.iscoroutinefunction(fn):
         raise ValueError(f"harness {target!r} must be an async function (or have an async __call__)")
     return obj

@@ -41,9 +41,9 @@ async def debate(task, agents, debaters: int = 2, rounds: int = 2,
     last: dict[str, str] = {}
     for k in range(rounds):
         def turn(role: str) -> str:
-            if k == 0:
+            if k == 0:  # noqa: B023 (called within this round)
                 return OPEN.format(prompt=task.prompt, name=role[-1].upper())
-            others = "\n".join(f"{o[-1].upper()}: {last[o]}" for o in roles if o != role)
+            others = "\n".join(f"{o[-1].upper()}: {last[o]}" for o in roles if o != role)  # noqa: B023
             return REBUT.format(others=others, instruction=instruction)
 
         replies = await asyncio.gather(*(chats[r].reply(turn(r)) for r in roles))

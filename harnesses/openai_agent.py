@@ -1,7 +1,9 @@
 """openai_agent: train an agent written against the OpenAI chat API, unmodified.
 
-The agent talks to the rollout worker's gateway (rollout/gateway.py), which
-records every call token-exact. It runs one of two ways (`harness.options`):
+The agent talks to the rollout worker's gateway (rollout/agents/gateway.py), which
+records every call token-exact; the agents this harness gets hand it over
+(`agent.gateway()`: harnesses do not import rollout/). It runs one of two ways
+(`harness.options`):
 
 - `agent: package.module.function`: an async Python function
   `agent(task, base_url, api_key) -> answer`, called in the worker's process
@@ -54,10 +56,8 @@ STDERR_TAIL_BYTES = 64 * 2**10  # of a command's stderr, the tail kept for the e
 async def openai_agent(task, agents, agent: str | None = None, command: str | list[str] | None = None,
                        role: str | None = None, timeout_s: float = 300.0,
                        env: list[str] | None = None) -> HarnessResult:
-    from rollout.gateway import Gateway
-
     role = _role(agents, role)
-    gateway = await Gateway.shared()
+    gateway = await agents[role].gateway()  # the worker's endpoint, handed in with the agents
     with gateway.session(agents) as session:
         base_url = session.base_url(role)
         try:
@@ -82,7 +82,7 @@ async def openai_agent(task, agents, agent: str | None = None, command: str | li
 async def _run_function(fn, task, base_url: str, api_key: str, timeout_s: float):
     try:
         return await asyncio.wait_for(fn(task, base_url, api_key), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise TimeoutError(f"the agent ran past harness.options.timeout_s={timeout_s}") from None
 
 
@@ -92,7 +92,7 @@ def agent_env(own: dict[str, str], names=()) -> dict[str, str]:
     return {**passed, **own}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _agent_function(path: str):
     """The agent function at `path`, imported once per worker process."""
     return load_object(path, "harness.options.agent")
@@ -151,7 +151,7 @@ async def run_command(command: str | list[str], stdin: str, env: dict[str, str],
         out, err, _, _ = await asyncio.wait_for(asyncio.gather(
             _read_bounded(proc.stdout, proc.pid), _read_tail(proc.stderr), _feed(proc.stdin, stdin.encode()),
             proc.wait()), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise TimeoutError(f"the agent command ran past harness.options.timeout_s={timeout_s} and was killed "
                            f"with its process group") from None
     finally:  # the group goes, whether the agent finished, hung, flooded or was cancelled: no orphans

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 from harnesses.base import HarnessResult
 

@@ -22,7 +22,14 @@ from omegaconf import MISSING
 
 from harnesses.base import TaskSource, load_harness, load_task_source
 from rollout.models import check_model
-from rollout.placement import Ask, check_engine_gpus, check_gpu_count, check_shared_memory, engine_ask, visible_gpus
+from rollout.orchestration.placement import (
+    Ask,
+    check_engine_gpus,
+    check_gpu_count,
+    check_shared_memory,
+    engine_ask,
+    visible_gpus,
+)
 
 MAIN_POLICY, FROZEN_POLICY = "main", "frozen"  # the two policies every config has without a `policies:` section
 
@@ -34,7 +41,7 @@ class Dtype(StrEnum):
 
 class EngineCore(StrEnum):
     auto = "auto"  # thread on CPU, process on GPU
-    thread = "thread"  # vLLM's engine core on a thread of the engine actor (rollout/engine_thread.py)
+    thread = "thread"  # vLLM's engine core on a thread of the engine actor (rollout/engine/thread.py)
     process = "process"  # vLLM's AsyncLLM: the engine core in a child process of the actor
 
 
@@ -67,11 +74,14 @@ class EngineConfig:
     num_cpus: float = 1.0  # Ray CPUs reserved per engine actor
     num_gpus: float = 0.0  # Ray GPUs per engine actor (0 on CPU machines)
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources (node placement)
-    kv_cache_gb: float | None = 1.0  # KV cache size per engine, GiB; null (GPU only): what gpu_memory_utilization leaves
+    # KV cache size per engine, GiB; null (GPU only): what gpu_memory_utilization leaves
+    kv_cache_gb: float | None = 1.0
     gpu_memory_utilization: float = 0.85  # GPU only: fraction of device memory for vLLM
     tensor_parallel_size: int = 1  # GPU only
     max_num_seqs: int = 64  # sequences batched per engine step
-    block_size: int | None = 32  # KV-cache block (tokens): the prefix cache reuses whole blocks only (vLLM's CPU default, 128, caches no short prompt); null: vLLM's
+    # KV-cache block (tokens): the prefix cache reuses whole blocks only (vLLM's CPU default, 128, caches no
+    # short prompt); null: vLLM's
+    block_size: int | None = 32
     # CPU only: the cores vLLM's worker binds its OpenMP threads to: "auto" (vLLM's: one core per
     # node kept for its scheduler, so ONE core on a 2-core box, the same one for every engine),
     # "all" (every core this engine may run on), "i/n" (the i-th of n equal shares of them, e.g.
@@ -84,7 +94,8 @@ class EngineConfig:
     core: EngineCore = EngineCore.auto
     vllm_log_level: str = "ERROR"  # vLLM's log level in the engine actors (its start-up warnings are at WARNING)
     start_timeout_s: float = 300.0  # engine start (model load) limit
-    request_timeout_s: float = 240.0  # one model call longer than this is cancelled and its episode run again (< rollout.timeout_s)
+    # one model call longer than this is cancelled and its episode run again (< rollout.timeout_s)
+    request_timeout_s: float = 240.0
     sync_timeout_s: float = 600.0  # loading new weights into the engines longer than this stops the run
     max_restarts: int = 3  # times Ray restarts a dead (or hung: see health_*) engine; past it the run stops
     health_check_s: float = 30.0  # seconds between health probes of each engine (0: no probes)
@@ -329,7 +340,7 @@ def validate(cfg: RolloutJobConfig) -> None:
 def check_placement(cfg: RolloutJobConfig) -> None:
     """The job's actors fit the GPUs: those sharing one leave it headroom, and on an in-process
     cluster (`ray.address=local`) they fit its GPUs (a joined cluster's are compared once Ray has
-    joined it: rollout.cluster.start_ray). Runs after every other check: it depends on the machine."""
+    joined it: rollout.orchestration.cluster.start_ray). Runs after every other check: it depends on the machine."""
     asks = cfg.asks()
     check_shared_memory(asks)
     if cfg.ray.address == "local":
@@ -428,7 +439,7 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
             if lora.dropout != 0:
                 raise ValueError(f"{where}.dropout={lora.dropout}: the learner must score what the engine "
                                  f"sampled, which has no dropout; set it to 0")
-    for name, pool in cfg.engine_pools().items():
+    for pool in cfg.engine_pools().values():
         first = cfg.pool_engine(pool)
         for policy in pool[1:]:
             if cfg.policy_engine(policy) != first:

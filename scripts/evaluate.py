@@ -34,12 +34,13 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from rollout.cluster import start_ray
-from rollout.models import resolve_model
-from rollout.placement import pick_cluster, visible_gpus
 from rollout.config import RolloutJobConfig
+from rollout.log import setup_logging
+from rollout.models import resolve_model
+from rollout.orchestration.cluster import start_ray
+from rollout.orchestration.placement import pick_cluster, visible_gpus
 from rollout.trace import Trace, write_jsonl
-from rollout.view import build_view, load_decode, render_page
+from rollout.viewer import build_view, load_decode, render_page
 from trainer.config import TrainJobConfig, compose, validate
 from trainer.evaluation import Weights, eval_sampling, evaluate_weights, report, weights_for, with_weights
 from trainer.metrics import paired_comparison, write_atomic
@@ -147,4 +148,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

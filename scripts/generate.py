@@ -3,7 +3,7 @@
     python scripts/generate.py model=tiny harness=solver_verifier task=chain_sum \
         num_traces=32 out=/tmp/traces.jsonl
 
-Drives the same RolloutFleet as training (rollout/fleet.py), on the cluster preset for this
+Drives the same RolloutFleet as training (rollout/orchestration/fleet.py), on the cluster preset for this
 machine's GPUs unless `cluster=` is given (as scripts/train.py). Prints a progress
 line as groups complete and a summary (traces/s, generated tokens/s, and the
 `rollout/*` statistics the training loop logs: reward, failures, agents and
@@ -12,6 +12,7 @@ sequences per trace); the last line is JSON.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -19,10 +20,11 @@ import time
 import hydra
 from omegaconf import DictConfig
 
-from rollout.cluster import run_job, start_ray
 from rollout.config import GenerateJobConfig, register_configs, validate
-from rollout.fleet import RolloutFleet
-from rollout.placement import with_cluster_for_this_machine
+from rollout.log import setup_logging
+from rollout.orchestration.cluster import run_job, start_ray
+from rollout.orchestration.fleet import RolloutFleet
+from rollout.orchestration.placement import with_cluster_for_this_machine
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 
@@ -57,9 +59,10 @@ def generate(cfg: GenerateJobConfig) -> dict:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="generate")
 def main(dcfg: DictConfig) -> None:
-    run_job(dcfg, validate, generate)
+    print(json.dumps(run_job(dcfg, validate, generate)))  # the summary: the last line of output
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     sys.argv = with_cluster_for_this_machine(sys.argv)  # no cluster= given: the preset for this machine's GPUs
     main()

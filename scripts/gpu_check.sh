@@ -10,7 +10,7 @@
 #
 # Stages, always in this order (STAGES picks some, comma- or space-separated; default all):
 #   env        nvidia-smi, driver, python, torch (CUDA, devices), gcc, package registry reachable?
-#   transport  scripts/gpu_check_transport.py: torch and rollout/weight_transport.py only, so it runs
+#   transport  scripts/gpu_check_transport.py: torch and rollout/weights/transport.py only, so it runs
 #              on a box that has nothing but torch; writes $OUT/transport.json
 #   stack      scripts/gpu_check_stack.py (needs vllm, ray, deepspeed: make setup): one engine, one
 #              learner rank, a push through the policy's weight sync, engine/learner log-prob parity

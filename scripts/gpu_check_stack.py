@@ -27,9 +27,10 @@ from pathlib import Path
 
 import ray
 
-from rollout.cluster import start_ray
 from rollout.config import SamplingConfig
-from rollout.fleet import RolloutFleet
+from rollout.log import setup_logging
+from rollout.orchestration.cluster import start_ray
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Sequence, Trace
 from trainer.config import compose, validate
 from trainer.policy import TrainedPolicy
@@ -170,4 +171,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

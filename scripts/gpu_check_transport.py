@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from rollout.weight_group import WeightGroup
-from rollout.weight_transport import GroupPlan, choose_transport, device_identity, staging_for
+from rollout.log import setup_logging
+from rollout.weights.group import WeightGroup
+from rollout.weights.transport import GroupPlan, choose_transport, device_identity, staging_for
 
 DTYPES = ("bfloat16", "float32")
 
@@ -181,4 +182,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

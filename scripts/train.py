@@ -13,13 +13,15 @@ is the summary as JSON.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from rollout.cluster import run_job
-from rollout.placement import with_cluster_for_this_machine
+from rollout.log import setup_logging
+from rollout.orchestration.cluster import run_job
+from rollout.orchestration.placement import with_cluster_for_this_machine
 from trainer.config import register_configs
 from trainer.loop import check, train
 
@@ -28,9 +30,10 @@ register_configs()
 
 @hydra.main(version_base=None, config_path="../conf", config_name="train")
 def main(dcfg: DictConfig) -> None:
-    run_job(dcfg, check, train)
+    print(json.dumps(run_job(dcfg, check, train)))  # the summary: the last line of output
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     sys.argv = with_cluster_for_this_machine(sys.argv)  # no cluster= given: the preset for this machine's GPUs
     main()

@@ -5,7 +5,7 @@
 
 Every sequence by agent, its prompt / trained / masked tokens in different
 colours, the training rows its turns merge into, versions, rewards, errors,
-info (rendering: rollout/view.py). The page has inline CSS only and loads
+info (rendering: rollout/viewer.py). The page has inline CSS only and loads
 nothing from anywhere: open it from disk, mail it, attach it to an issue.
 `--model` names the tokenizer that decodes the token ids: a built-in model
 (tiny, tiny_tied, smollm2_135m) or a local HF model folder.
@@ -18,9 +18,10 @@ import itertools
 import sys
 from pathlib import Path
 
+from rollout.log import setup_logging
 from rollout.models import BUILTIN_MODELS, resolve_model
 from rollout.trace import TraceError, read_jsonl
-from rollout.view import build_view, load_decode, render_page
+from rollout.viewer import build_view, load_decode, render_page
 
 
 def _run_dir_model(traces: Path) -> str | None:
@@ -87,4 +88,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

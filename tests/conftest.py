@@ -59,8 +59,8 @@ def tiny_tied_path() -> str:
 def ray_cluster():
     import ray
 
-    from rollout.cluster import start_ray
     from rollout.config import RayConfig
+    from rollout.orchestration.cluster import start_ray
 
     # More logical CPUs than cores: test actors are mostly idle.
     start_ray(RayConfig(address="local", num_cpus=8))
@@ -81,8 +81,8 @@ def engine(ray_cluster, tiny_path, engine_cfg):
     put the original ones back."""
     import ray
 
-    from rollout.cluster import spawn_engines
     from rollout.config import ModelConfig
+    from rollout.orchestration.cluster import spawn_engines
 
     [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), engine_cfg)})["main"]
     yield e
@@ -97,8 +97,8 @@ def tied_engine(ray_cluster, tiny_tied_path, engine_cfg):
     original weights back."""
     import ray
 
-    from rollout.cluster import spawn_engines
     from rollout.config import ModelConfig
+    from rollout.orchestration.cluster import spawn_engines
 
     [e] = spawn_engines({"main": (tiny_tied_path, ModelConfig(name="tiny_tied"), engine_cfg)})["main"]
     yield e
@@ -140,7 +140,7 @@ def hf_tiny(tiny_path):
 def fixed_batch(hf_tiny, tiny_tokenizer):
     """Packed micro-batches of 6 single-turn traces with engine-like behaviour log-probs from the
     model, advantages +1 / -1; uneven over 2 ranks (one gets a padding micro-batch)."""
-    from rollout.client import ChatFormat
+    from rollout.agents.client import ChatFormat
     from rollout.trace import Sequence, Trace
     from trainer.packing import build_rows, pack, token_weights
 
@@ -166,9 +166,9 @@ def run_harness(engine, tiny_tokenizer):
     (task, sequences, HarnessResult)."""
     from harnesses.base import as_result, load_harness
     from harnesses.reasoning_gym_tasks import ReasoningGymTasks
-    from rollout.client import Agent, ChatFormat, TraceRecorder
+    from rollout.agents.client import Agent, ChatFormat, TraceRecorder
     from rollout.config import SamplingConfig
-    from rollout.router import Router
+    from rollout.orchestration.router import Router
 
     def run(target, roles, task_index=0, frozen=(), max_tokens=16, **options):
         task = ReasoningGymTasks("chain_sum", {"min_terms": 2, "max_terms": 3}).train_task(task_index)
@@ -190,12 +190,13 @@ def run_worker(engine, tiny_path):
     takes token ids below `vocab_size`). Returns (worker stats, complete groups, buffer stats)."""
     import ray
 
-    from rollout.cluster import spawn_buffer, spawn_workers
     from rollout.config import GenerateJobConfig, RolloutConfig, SamplingConfig, TaskConfig
+    from rollout.orchestration.cluster import spawn_buffer, spawn_workers
 
     def run(harness, agents, n_tasks, group_size=2, timeout_s=20.0, max_tokens=16, vocab_size=512):
         policies = set(agents.values())
-        cfg = GenerateJobConfig(harness=harness, agents=agents, task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
+        cfg = GenerateJobConfig(harness=harness, agents=agents,
+                                task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
                                 rollout=RolloutConfig(concurrency=8, group_size=group_size, timeout_s=timeout_s),
                                 sampling=SamplingConfig(max_tokens=max_tokens))
         buffer = spawn_buffer(group_size, {p: vocab_size for p in policies})

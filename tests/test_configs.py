@@ -123,7 +123,7 @@ def test_bad_values_fail_validation(override, msg):
 
 
 def test_a_thread_core_with_tensor_parallel_ranks_is_refused_and_auto_picks_the_process_core():
-    from rollout.engine_args import core_kind
+    from rollout.engine.args import core_kind
 
     with pytest.raises(ValueError, match="engine.core=thread runs one worker.*needs engine.core=process"):
         validate_generate(compose("generate", ["engine.core=thread", "engine.tensor_parallel_size=2"]))
@@ -166,7 +166,8 @@ def test_bad_fault_settings_fail_validation(override, msg):
 def test_openai_agent_options_are_checked_at_start(overrides, msg):
     with pytest.raises(ValueError, match=msg):
         validate_generate(compose("generate", ["harness=openai_agent", *overrides]))
-    validate_generate(compose("generate", ["harness=openai_agent", "harness.options.agent=examples.calculator_agent.agent"]))
+    validate_generate(compose("generate", ["harness=openai_agent",
+                                           "harness.options.agent=examples.calculator_agent.agent"]))
 
 
 def test_unmapped_role_fails():
@@ -243,7 +244,8 @@ def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
     (["+policies.critic.trainable=true"], r"policies.critic is used by no role; map one to it"),
     (["agents.verifier=critic", "+policies.critic.model.path=/nowhere/x"],
      r"policies.critic.model: path='/nowhere/x' is not an HF model folder"),
-    (["agents.verifier=critic", "+policies.critic.model.name=gpt5"], r"policies.critic.model: name='gpt5' is not built in"),
+    (["agents.verifier=critic", "+policies.critic.model.name=gpt5"],
+     r"policies.critic.model: name='gpt5' is not built in"),
     (["agents.verifier=critic", "+policies.critic.learner.lrr=1"], r"policies.critic.learner.lrr: Key 'lrr' not in"),
     (["agents.verifier=critic", "+policies.critic.learner.lr=0"], r"policies.critic.learner.lr must be > 0"),
     (["agents.verifier=critic", "+policies.critic.engine.num_gpus=lots"],
@@ -253,7 +255,8 @@ def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
      r"policies.judge.learner is set but policy 'judge' is not trainable"),
     (["agents.verifier=frozen", "agents.solver=frozen"], r"agents: no role is mapped to a trainable policy"),
     (["sync.method=collective", "+policies.main.lora.rank=8"],
-     r"sync.method=collective carries full weights, and policies.main.lora makes 'main' an adapter; use sync.method=auto"),
+     r"sync.method=collective carries full weights, and policies.main.lora makes 'main' an adapter; "
+     r"use sync.method=auto"),
     (["engine.num_gpus=1"], r"sync.method=auto: learner.num_gpus and the engines' num_gpus of policy 'main' must both"),
     (["sync.method=rdma"], r"sync.method"),
     (["sync.transport=nccl"], r"sync.transport=nccl needs GPUs on both sides: learner.num_gpus and the engines'"),
@@ -270,8 +273,8 @@ def test_policy_config_errors_name_the_key_and_the_fix(overrides, msg):
 def test_a_local_cluster_holds_every_actor_of_any_agents_mapping():
     """The defaults with a frozen verifier ask for 2 engines and 2 learner ranks of 1 CPU each: a
     2-core machine's local cluster gets 4 logical CPUs, not 2 (which left the learners unplaced)."""
-    from rollout.cluster import local_cpus
     from rollout.config import RayConfig
+    from rollout.orchestration.cluster import local_cpus
 
     cfg = compose("train", ["harness=solver_verifier", "agents.verifier=frozen"])
     assert cfg.cpus_asked() == 4.0
@@ -300,7 +303,8 @@ def test_lora_policies_and_the_frozen_base_share_one_engine_pool_and_one_learner
     assert compose("train", [*cfg_args, "+policies.b.learner.lr=1e-3"]).learner_groups() == {"a+b": ["a", "b"]}
     # a full trained policy of the same model keeps its own engines; a frozen judge of another model too
     cfg = compose("train", ["harness=debate", "agents.debater_a=a", "+policies.a.lora.rank=8",
-                            "agents.judge=judge", "+policies.judge.trainable=false", "+policies.judge.model.name=tiny_tied"])
+                            "agents.judge=judge", "+policies.judge.trainable=false",
+                            "+policies.judge.model.name=tiny_tied"])
     validate_train(cfg)
     assert cfg.engine_pools() == {"main": ["main"], "judge": ["judge"], "a": ["a"]}
 

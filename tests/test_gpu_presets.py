@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.placement import gpus_needed, pick_cluster
+from rollout.orchestration.placement import gpus_needed, pick_cluster
 from trainer.config import compose, validate
 
 pytestmark = pytest.mark.unit
@@ -74,8 +74,8 @@ def test_the_gpu_presets_need_gpus_and_say_which_preset_fits():
      r"needs 3 GPU\(s\) .* has 2: ask fewer engines or learner ranks \(engine.num_engines, learner.world_size"),
     # a per-policy override is named as such
     (["experiment=smollm2_solver_verifier", "cluster=gpu", "ray.num_gpus=1", "+policies.frozen.engine.num_gpus=1"],
-     r"needs 2 GPU\(s\) \(engines of pool 'frozen': 1 x policies.frozen.engine.num_gpus=1; engines of pool 'main': "
-     r"1 x engine.num_gpus=0.25"),
+     r"needs 2 GPU\(s\) \(engines of pool 'frozen': 1 x policies.frozen.engine.num_gpus=1; "
+     r"engines of pool 'main': 1 x engine.num_gpus=0.25"),
     # learner ranks > 1 need whole GPUs
     (["cluster=gpu", "ray.num_gpus=1", "learner.world_size=2"],
      r"learner.world_size=2 with learner.num_gpus=0.4: DeepSpeed ranks need a whole GPU each .* set "
@@ -150,8 +150,8 @@ def test_the_train_script_picks_a_preset_and_refuses_what_it_cannot_place_before
     proc = subprocess.run([sys.executable, "scripts/train.py", "ray.num_gpus=1", "learner.world_size=2"],
                           cwd=CONF.parent, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stdout.startswith("[cluster] cluster=gpu: one GPU: the engines and one learner rank share it "
-                                  "(1 GPU(s), from ray.num_gpus)")
+    assert ("[cluster] cluster=gpu: one GPU: the engines and one learner rank share it "
+            "(1 GPU(s), from ray.num_gpus)") in proc.stderr  # a log line (rollout/log.py)
     assert "config error: learner.world_size=2 with learner.num_gpus=0.4" in proc.stderr
     assert "learner.num_gpus=1 (cluster=gpu_node)" in proc.stderr
     assert "Started a local Ray instance" not in proc.stderr + proc.stdout

@@ -77,9 +77,9 @@ No torch, ray or vllm here: plain Python + numpy.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence as Seq
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Hashable, Sequence as Seq
 
 import numpy as np
 

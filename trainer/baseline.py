@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from rollout.client import ChatFormat
+from rollout.agents.client import ChatFormat
 from rollout.trace import Sequence, Trace
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import build_rows, pack, token_weights

@@ -36,18 +36,22 @@ rollouts.jsonl: the resumed run trains exactly what the uninterrupted one did.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
 from rollout.trace import Trace, TraceError
 from trainer import hf_folder
 from trainer.learner_group import LearnerGroup
+
+log = logging.getLogger(__name__)
 
 
 def step_dir(run_dir: str | Path, step: int) -> Path:
@@ -104,7 +108,7 @@ def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path,
 
 def save_adapter(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> Path:
     """Write a LoRA policy's adapter as a PEFT folder (its base: `base_model`)."""
-    from rollout.lora import write_adapter
+    from rollout.weights.lora_names import write_adapter
 
     [buckets] = learners.collect("export_weights", [learners.export_weights()])
     write_adapter(out, learners.lora, str(base_model), buckets)
@@ -192,8 +196,7 @@ def load_newest(run_dir: str | Path, load: Callable[[Path, dict], None]) -> tupl
             return d, state
         except Exception as e:
             first_error = first_error or e
-            print(f"[train] checkpoint {d} cannot be loaded ({type(e).__name__}: {e}); trying the one before",
-                  flush=True)
+            log.warning(f"[train] checkpoint {d} cannot be loaded ({type(e).__name__}: {e}); trying the one before")
     raise RuntimeError(f"trainer.resume: none of the {len(candidates)} complete checkpoints under "
                        f"{run_dir}/checkpoints loads; the newest failed with: {first_error}") from first_error
 
@@ -218,7 +221,7 @@ def newest_state(run_dir: str | Path) -> tuple[Path, dict] | None:
         try:
             return d, read_state(d)
         except ValueError as e:
-            print(f"[train] {e}; trying the checkpoint before", flush=True)
+            log.warning(f"[train] {e}; trying the checkpoint before")
     return None
 
 
@@ -232,8 +235,7 @@ def prune(run_dir: str | Path, keep_last: int, step: int) -> list[Path]:
     before = [d for d in done if step_of(d) < step]
     after = [d for d in done if step_of(d) > step]
     for d in after:
-        print(f"[train] deleting {d}: newer than step {step} just saved, it is one a resume fell back past",
-              flush=True)
+        log.warning(f"[train] deleting {d}: newer than step {step} just saved, it is one a resume fell back past")
     old = before[:max(len(before) - (keep_last - 1), 0)] + after
     for d in old:
         shutil.rmtree(d)

@@ -14,13 +14,20 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from rollout.config import MAIN_POLICY, GenerateJobConfig, RolloutJobConfig, check_fields, check_placement, override
-from rollout.config import register_configs as register_rollout_configs
-from rollout.placement import Ask, check_learner_gpus, learner_ask
+from rollout.config import (
+    MAIN_POLICY,
+    GenerateJobConfig,
+    RolloutJobConfig,
+    check_fields,
+    check_placement,
+    override,
+    register_configs as register_rollout_configs,
+)
+from rollout.orchestration.placement import Ask, check_learner_gpus, learner_ask
+from rollout.weights.sync import SyncConfig, SyncMethod
 from trainer.advantages import AdvantageConfig
 from trainer.learner import PER_ADAPTER, LearnerConfig
 from trainer.losses import LossConfig
-from trainer.weight_sync import SyncConfig, SyncMethod
 
 
 @dataclass
@@ -41,7 +48,8 @@ class LoopConfig:
     save_every: int = 10  # steps between checkpoints (0: only at the end)
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted)
     log_traces_every: int = 10  # steps between wandb trace tables (0: never)
-    rollouts_every: int = 0  # steps between writing the step's rollout traces to run_dir/rollouts/step_<n>.jsonl (0: never)
+    # steps between writing the step's rollout traces to run_dir/rollouts/step_<n>.jsonl (0: never)
+    rollouts_every: int = 0
     resume: str | None = None  # `auto`: run_dir's newest checkpoint if it has one; a run dir: its newest
     overwrite: bool = False  # start afresh in a run_dir that holds a previous run (its outputs are deleted)
     rollout_timeout_s: float = 1800.0  # waiting for one step's traces longer than this is an error

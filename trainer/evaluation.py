@@ -16,9 +16,9 @@ import copy
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from rollout.config import SamplingConfig
 from rollout.models import BUILTIN_MODELS
@@ -129,7 +129,7 @@ def evaluate_weights(cfg: TrainJobConfig, weights: dict[str, Weights], sampling:
     first eval.size held-out tasks `samples` times each. Ray must be up."""
     import ray
 
-    from rollout.fleet import RolloutFleet
+    from rollout.orchestration.fleet import RolloutFleet
 
     with RolloutFleet(cfg) as fleet:
         for p, w in weights.items():

@@ -4,7 +4,7 @@ Driven by trainer/learner_group.py, which starts `world_size` of these, calls
 `setup` on all of them at once (DeepSpeed's rendezvous needs every rank), and
 broadcasts every collective call (`train_step`, `export_weights`, `write_hf`,
 `broadcast_weights`, `save`, `load`, `logprobs`) to all ranks. Rank 0 alone
-hosts the weight group to the engines (rollout/weight_group.py).
+hosts the weight group to the engines (rollout/weights/group.py).
 
 The loss of a micro-batch is a weighted SUM whose weights already carry the
 batch-level normalisation (trainer/packing.py), so the update must apply
@@ -19,7 +19,7 @@ adapter's parameters. Every per-policy call names its adapter, which becomes
 PEFT's active one and the only parameters with requires_grad, so a step of one
 adapter neither reads nor moves the others (ZeRO 0-2; ZeRO-3 partitions the
 module itself, so there each adapter needs its own ranks). `export_weights`
-sends only the adapter's tensors (PEFT's saved names, see rollout/lora.py).
+sends only the adapter's tensors (PEFT's saved names, see rollout/weights/lora_names.py).
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ import math
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
 from enum import StrEnum
+from typing import Any
 
-from rollout.lora import own_params, peft_config, peft_name, saved_name
-from rollout.weight_transport import Layout
+from rollout.log import setup_logging
+from rollout.weights.lora_names import own_params, peft_config, peft_name, saved_name
+from rollout.weights.transport import Layout
 from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import MicroBatch
 
@@ -60,7 +62,8 @@ class LearnerConfig:
     micro_batch_tokens: int = 4096  # padded tokens per forward/backward
     gradient_checkpointing: bool = False  # trade compute for activation memory
     dist_timeout_s: float = 600.0  # collective-op timeout
-    call_timeout_s: float = 1800.0  # one learner call (train step, weight export, save, load) longer than this stops the run
+    # one learner call (train step, weight export, save, load) longer than this stops the run
+    call_timeout_s: float = 1800.0
     share_lora_base: bool = True  # LoRA policies on one base model train on one set of ranks holding the base once
 
 
@@ -125,6 +128,7 @@ class Learner:
         """`dtype`: the model's (`model.dtype`): float32, or bfloat16 with fp32 master weights;
         `adapters`: {policy: (rollout.config.LoraConfig, LearnerConfig)}: train those LoRA adapters
         on the frozen model instead, each with its own optimizer settings (lr, betas, ...)."""
+        setup_logging()  # this actor's process
         self.rank, self.model_path, self.cfg, self.loss_cfg = rank, model_path, cfg, loss
         self.adapters = dict(adapters or {})
         self.dtype, self.seed = dtype, seed
@@ -346,9 +350,9 @@ class Learner:
         return buckets if self.rank == 0 else None
 
     def weight_identity(self) -> str:
-        """Rank 0's device (rollout/weight_transport.py::device_identity): which transport each
+        """Rank 0's device (rollout/weights/transport.py::device_identity): which transport each
         engine worker takes."""
-        from rollout.weight_transport import device_identity
+        from rollout.weights.transport import device_identity
 
         return device_identity(self.device)
 
@@ -356,7 +360,7 @@ class Learner:
         """Rank 0, before `open_weight_group`: the staging buffers `plan`'s ipc members read from
         (none without one); a group opened before is closed first. Returns the plan with those
         buffers' handles, which the engine workers join with."""
-        from rollout.weight_transport import staging_for
+        from rollout.weights.transport import staging_for
 
         assert self.rank == 0, "only learner rank 0 sends weights to the engines"
         if self.weight_group is not None:
@@ -368,7 +372,7 @@ class Learner:
 
     def open_weight_group(self) -> None:
         """Rank 0: host the group `prepare_weight_group` planned (the engine workers join meanwhile)."""
-        from rollout.weight_group import WeightGroup
+        from rollout.weights.group import WeightGroup
 
         plan, buffers, timeout_s = self._pending_group
         self.weight_group = WeightGroup(plan, 0, self.device, timeout_s, buffers)

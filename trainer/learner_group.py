@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import ray
 
-from rollout.cluster import await_started
-from rollout.placement import actor_options
-from rollout.weight_transport import Layout
+from rollout.orchestration.cluster import await_started
+from rollout.orchestration.placement import actor_options
+from rollout.weights.transport import Layout
 from trainer.learner import Learner, LearnerConfig
 from trainer.losses import LossConfig
 from trainer.packing import MicroBatch, shard
@@ -131,11 +131,11 @@ class LearnerGroup:
         return self.collect("write_hf", [r.write_hf.remote(folder, base_model, shard_bytes) for r in self.ranks])[0]
 
     def weight_address(self) -> tuple[str, int]:
-        """Where rank 0 will host the weight group (trainer/weight_sync.py::CollectiveSync)."""
+        """Where rank 0 will host the weight group (rollout/weights/sync.py::CollectiveSync)."""
         return self.collect("weight_address", [self.ranks[0].master_address.remote()])[0]
 
     def weight_identity(self) -> str:
-        """Rank 0's device identity (rollout/weight_transport.py::device_identity)."""
+        """Rank 0's device identity (rollout/weights/transport.py::device_identity)."""
         return self.collect("weight_identity", [self.ranks[0].weight_identity.remote()])[0]
 
     def prepare_weight_group(self, plan, layout: Layout, timeout_s: float):

@@ -1,6 +1,6 @@
 """The training loop: rollout -> buffer -> advantages -> packing -> learners -> weight sync.
 
-Read `train(cfg)` top to bottom. It starts the rollout fleet (rollout/fleet.py),
+Read `train(cfg)` top to bottom. It starts the rollout fleet (rollout/orchestration/fleet.py),
 each trainable policy's learners (trainer/policy.py) and the logger, evaluates,
 then per step: takes `groups_per_step` complete groups and, for each trained
 policy, leaves out traces more than `max_staleness` versions behind its clock,
@@ -20,6 +20,7 @@ resumed asynchronous run trains exactly what the uninterrupted one would have.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from collections import Counter
@@ -30,16 +31,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollout.cluster import start_ray
-from rollout.fleet import RolloutFleet
+from rollout.orchestration.cluster import start_ray
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
-from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer import checkpoint
+from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer.evaluation import eval_sampling
 from trainer.metrics import RunLogger, paired_comparison, rollout_split, step_totals, write_atomic
 from trainer.policy import TrainedPolicy, start_learners, trained_policies
 from trainer.run_dir import check_run_dir, start_run_dir
+
+log = logging.getLogger(__name__)
 
 
 def train(cfg: TrainJobConfig) -> dict:
@@ -186,8 +189,8 @@ def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> tuple[int, lis
             policy.restore(ckpt, state["versions"][p])
 
     ckpt, state = checkpoint.load_newest(run_dir, load)
-    print(f"[train] resumed from {ckpt} at step {state['step']}"
-          + (f" with {len(held)} rollout groups of the steps after it" if held else ""), flush=True)
+    log.info(f"[train] resumed from {ckpt} at step {state['step']}"
+             + (f" with {len(held)} rollout groups of the steps after it" if held else ""))
     return state["step"], held
 
 
@@ -200,8 +203,7 @@ def evaluate(fleet: RolloutFleet, cfg: TrainJobConfig, step: int) -> list[Trace]
     traces = fleet.evaluate(e.size, eval_sampling(cfg), e.timeout_s)
     write_jsonl(traces, Path(cfg.run_dir) / "eval" / f"step_{step}.jsonl")
     check_failures(traces, cfg.trainer.max_failed_fraction, f"the eval at step {step}")
-    print(f"[train] eval at step {step}: reward {mean_reward(traces):.3f} on {len(traces)} held-out tasks",
-          flush=True)
+    log.info(f"[train] eval at step {step}: reward {mean_reward(traces):.3f} on {len(traces)} held-out tasks")
     return traces
 
 

@@ -9,6 +9,7 @@ staleness and version), `eval/*` (held-out runs).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -16,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from rollout.trace import Trace
-from rollout.view import build_view, render_sequence
+from rollout.viewer import build_view, render_sequence
 from trainer.advantages import advantage_stats
+
+log = logging.getLogger(__name__)
 
 
 def advantage_metrics(traces: list[Trace], advs: list[list[float]], policy: str) -> dict[str, float]:
@@ -54,7 +57,7 @@ def rollout_split(before: list[dict], after: list[dict], window_s: float) -> dic
     snapshots of `Engine.info()` (at its start and its end; an engine whose pid changed between
     them restarted, and counts from zero). Seconds are the mean over engines: `engine_busy_s`
     (some request in flight) = `engine_prefill_s` + `engine_decode_s` (vLLM engine-core steps,
-    rollout/engine_clock.py) + `engine_other_s` (in flight, no step running: the engine actor's
+    rollout/engine/clock.py) + `engine_other_s` (in flight, no step running: the engine actor's
     own work); `engine_idle_s` (no request in flight: the workers, the agent client, Ray, the
     harness, or nothing submitted). Also the decode steps, their mean batch, the prefilled and
     prefix-cached prompt tokens, and generated tokens per second of the window."""
@@ -112,7 +115,7 @@ def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, floa
 
 def trace_table(traces: list[Trace], decode):
     """A wandb Table of full traces: a row per sequence with its text and reward, and its card
-    from the trace viewer (rollout/view.py: prompt / trained / masked tokens, training row,
+    from the trace viewer (rollout/viewer.py: prompt / trained / masked tokens, training row,
     weight version) as HTML."""
     import wandb
 
@@ -142,7 +145,7 @@ def kept_rows(path: Path, resume_step: int) -> list[str]:
         if row["step"] <= resume_step:
             kept.append(line)
     if torn:
-        print(f"[train] {path}: left out {torn} line(s) that are not metric rows (a write cut short)", flush=True)
+        log.warning(f"[train] {path}: left out {torn} line(s) that are not metric rows (a write cut short)")
     return kept
 
 
@@ -210,7 +213,7 @@ class RunLogger:
             parts.append(f"engine restarts {int(m['rollout/engine_restarts'])}")
         if m.get("async/dropped_stale", 0):
             parts.append(f"dropped {int(m['async/dropped_stale'])}")
-        print("[train] " + " | ".join(parts), flush=True)
+        log.info("[train] " + " | ".join(parts))
 
     def traces(self, step: int, traces: list[Trace], decode) -> None:
         """Log `trace_table` of a few full traces."""

@@ -15,6 +15,7 @@ view (Trace.only_policy), which leaves every advantage as it was.
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -22,17 +23,19 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from rollout.client import ChatFormat
-from rollout.fleet import RolloutFleet
+from rollout.agents.client import ChatFormat
 from rollout.models import resolve_model
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Trace
+from rollout.weights.sync import CollectiveSync, ObjectStoreSync, SyncMethod
 from trainer import checkpoint
 from trainer.advantages import compute_advantages
 from trainer.config import TrainJobConfig
 from trainer.learner_group import AdapterLearners, LearnerGroup
 from trainer.metrics import advantage_metrics, train_metrics
 from trainer.packing import MicroBatch, Row, build_rows, pack, packing_stats, share_prefixes, token_weights
-from trainer.weight_sync import CollectiveSync, ObjectStoreSync, SyncMethod
+
+log = logging.getLogger(__name__)
 
 
 def start_learners(cfg: TrainJobConfig, stack: ExitStack, gpu: bool) -> dict[str, LearnerGroup | AdapterLearners]:
@@ -104,8 +107,8 @@ class TrainedPolicy:
                 if self.cfg.sync.method == SyncMethod.collective:
                     raise RuntimeError(f"sync.method=collective: the weight group of policy {self.name!r} did not "
                                        f"form ({e}); set sync.method=object_store") from e
-                print(f"[sync] policy {self.name!r}: the weight group did not form ({type(e).__name__}: "
-                      f"{str(e)[:200]}); sync.method=auto sends weights through the object store", flush=True)
+                log.warning(f"[sync] policy {self.name!r}: the weight group did not form ({type(e).__name__}: "
+                            f"{str(e)[:200]}); sync.method=auto sends weights through the object store")
         return ObjectStoreSync(self.learners, fleet.engines[self.name], **args)
 
     def __enter__(self) -> TrainedPolicy:
@@ -164,8 +167,8 @@ class TrainedPolicy:
             return False
         self.skipped_in_a_row += 1
         limit = self.cfg.trainer.max_skipped_steps
-        print(f"[train] policy {self.name}: optimizer step skipped (non-finite loss or gradient norm "
-              f"{stats['grad_norm']}); {self.skipped_in_a_row} in a row, the run stops at {limit}", flush=True)
+        log.warning(f"[train] policy {self.name}: optimizer step skipped (non-finite loss or gradient norm "
+                    f"{stats['grad_norm']}); {self.skipped_in_a_row} in a row, the run stops at {limit}")
         if self.skipped_in_a_row >= limit:
             raise RuntimeError(f"policy {self.name}: {limit} optimizer steps in a row had a non-finite loss or "
                                f"gradient and were skipped (trainer.max_skipped_steps={limit}); the weights "

@@ -4,6 +4,7 @@ overwrite), and setting it up. trainer/loop.py calls `check_run_dir` before Ray 
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from omegaconf import OmegaConf
 
 from trainer import checkpoint
 from trainer.config import TrainJobConfig
+
+log = logging.getLogger(__name__)
 
 
 def check_run_dir(cfg: TrainJobConfig) -> None:
@@ -56,8 +59,8 @@ def start_run_dir(cfg: TrainJobConfig) -> tuple[Path, Path | None]:
     resume_from = source if source and checkpoint.latest(source) else None
     if resume_from is None or resume_from.resolve() != run_dir.resolve():
         for name in previous_run(run_dir):
-            print(f"[train] deleting {run_dir / name} of the previous run (trainer.overwrite / resume=auto "
-                  f"without a checkpoint)", flush=True)
+            log.warning(f"[train] deleting {run_dir / name} of the previous run (trainer.overwrite / resume=auto "
+                        f"without a checkpoint)")
             if (run_dir / name).is_dir():
                 shutil.rmtree(run_dir / name)
             else:

@@ -21,11 +21,12 @@ import time
 import ray
 import torch
 
-from rollout.baseline import bench_vllm
-from rollout.client import ChatFormat
-from rollout.cluster import start_ray
+from rollout.agents.client import ChatFormat
 from rollout.config import RayConfig, make_task_source
+from rollout.engine.baseline import bench_vllm
+from rollout.log import setup_logging
 from rollout.models import resolve_model
+from rollout.orchestration.cluster import start_ray
 from trainer.baseline import batches_for, conversation_trace
 from trainer.config import compose
 from trainer.learner import LearnerConfig
@@ -89,7 +90,8 @@ def main() -> None:
     if args.quick:
         args.model, args.prompts, args.max_tokens, args.rows, args.rounds = "tiny", 4, 8, 2, 1
     torch.manual_seed(0)
-    result = {"bench": "bf16", "quick": args.quick, "model": args.model, "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
+    result = {"bench": "bf16", "quick": args.quick, "model": args.model,
+              "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
               "engine": engine_side(args.model, args.prompts, args.max_tokens, args.rounds),
               "learner": learner_side(args.model, args.rows, args.rounds, args.budget)}
     ray.shutdown()  # before the result: an actor's late log line would follow it otherwise
@@ -97,4 +99,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

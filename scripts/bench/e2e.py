@@ -11,7 +11,8 @@ against its speed of light.
 max_staleness=1. `--compare policies` (default: experiment=smoke harness=solver_verifier) trains
 solver and verifier as one shared policy, then as two (verifier -> its own `critic`), with the
 same traces per step. `--compare lora` trains solver and verifier as two full policies (an engine
-each), then as two LoRA adapters (rank 16) of one base on one engine. For each variant: trained tokens/s over the loop, seconds per step, and
+each), then as two LoRA adapters (rank 16) of one base on one engine. For each variant: trained
+tokens/s over the loop, seconds per step, and
 how idle each side was — the learners (1 - train seconds / loop seconds) and the rollout engines
 (1 - seconds with a request in flight / loop seconds).
 
@@ -38,10 +39,11 @@ from pathlib import Path
 
 import ray
 
-from rollout.client import ChatFormat
-from rollout.cluster import spawn_engines, start_ray
+from rollout.agents.client import ChatFormat
 from rollout.config import RayConfig, SamplingConfig
+from rollout.log import setup_logging
 from rollout.models import resolve_model
+from rollout.orchestration.cluster import spawn_engines, start_ray
 from rollout.trace import read_jsonl
 from trainer.advantages import compute_advantages
 from trainer.baseline import PlainLoop, memcpy_s
@@ -180,7 +182,8 @@ def main() -> None:
     ap.add_argument("--model", help="the speed of light of `make train`'s config with this model")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; 3 with --model)")
     ap.add_argument("overrides", nargs="*", help="hydra overrides for both variants")
-    ap.add_argument("--quick", action="store_true", help="the comparison (2 steps) and the speed of light of its last step")
+    ap.add_argument("--quick", action="store_true",
+                    help="the comparison (2 steps) and the speed of light of its last step")
     args = ap.parse_args()
     if args.quick:
         args.model, args.steps = None, 2
@@ -209,4 +212,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -3,7 +3,7 @@
     python scripts/bench/engine_start.py [--models tiny,smollm2_135m] [--cores process,thread]
                                          [--repeats 3] [--quick]
 
-Through the real path, in an in-process Ray: rollout.cluster.spawn_engines starts one Engine
+Through the real path, in an in-process Ray: rollout.orchestration.cluster.spawn_engines starts one Engine
 actor with the `generate` config's engine settings for the model and `engine.core=<core>`
 (`process`: vLLM's AsyncLLM with its engine core in a child process; `thread`: the core on a
 thread of the actor's own process), waits until it answers, then asks it for one token. The
@@ -26,9 +26,10 @@ import time
 
 import ray
 
-from rollout.cluster import spawn_engines, start_ray
 from rollout.config import EngineConfig, RayConfig, SamplingConfig
+from rollout.log import setup_logging
 from rollout.models import resolve_model
+from rollout.orchestration.cluster import spawn_engines, start_ray
 from trainer.config import compose
 
 HAS_CORE = "core" in {f.name for f in dataclasses.fields(EngineConfig)}
@@ -97,4 +98,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

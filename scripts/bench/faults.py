@@ -6,7 +6,7 @@
 The run is the fault test's (tests/trainer/test_faults.py): the smoke experiment with
 solver_verifier, the verifier on a frozen engine, 64 traces per step, a 2 s health check. Each
 fault hits half a second into step 2's rollout, through the same injection helpers as the test
-(rollout/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
+(rollout/orchestration/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
 half a second apart, of the rollout worker; SIGSTOP of an engine (alive, never answers: the
 watchdog must find it). For each: did the run finish, how many traces it trained of those it
 should have, how many failed, the restarts, the requests sent again and the episodes run
@@ -28,16 +28,18 @@ from pathlib import Path
 
 import ray
 
-from rollout.cluster import start_ray
 from rollout.config import RayConfig
-from rollout.faults import Injector
+from rollout.log import setup_logging
+from rollout.orchestration.cluster import start_ray
+from rollout.orchestration.faults import Injector
 from trainer.config import compose
 from trainer.loop import train
 
 RUN = ["experiment=smoke", "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
        "eval.size=0", "logger=disabled", "engine.health_check_s=2", "engine.health_timeout_s=10",
        "engine.request_timeout_s=30"]
-ENGINE_KILLED, FROZEN_ENGINE_KILLED = ("tracerl-engine-main-0-", "info", "kill"), ("tracerl-engine-frozen-0-", "info", "kill")
+ENGINE_KILLED = ("tracerl-engine-main-0-", "info", "kill")
+FROZEN_ENGINE_KILLED = ("tracerl-engine-frozen-0-", "info", "kill")
 FAULTS = {  # name -> [(actor name prefix, the actor method that answers its pid, psutil action)], 0.5 s apart
     "none": [],
     "engine_killed": [ENGINE_KILLED],
@@ -68,7 +70,8 @@ def run(fault: str, steps: int, core: str) -> dict:
     rows = [r for r in rows if "rollout/traces" in r]
     expected = steps * cfg.trainer.groups_per_step * cfg.rollout.group_size
     ok = sum(r["rollout/traces"] - r["rollout/failed"] for r in rows)
-    return {"fault": fault, "core": core, "injected": len(injector.injected) == len(plan), "injector_errors": injector.errors, "survived": error is None,
+    return {"fault": fault, "core": core, "injected": len(injector.injected) == len(plan),
+            "injector_errors": injector.errors, "survived": error is None,
             "error": error, "steps_done": len(rows), "traces_expected": expected, "traces_trained_ok": ok,
             "traces_lost": expected - ok, "failed": sum(r["rollout/failed"] for r in rows),
             "retried": sum(r["rollout/retried"] for r in rows), "resent": sum(r.get("rollout/resent", 0) for r in rows),
@@ -85,7 +88,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 steps, engine_killed only")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.faults = 3, "engine_killed"  # 3: the fault may strike in step 3 (rollout/faults.py)
+        # 3: the fault may strike in step 3 (rollout/orchestration/faults.py)
+        args.steps, args.faults = 3, "engine_killed"
     names = ["none", *[f for f in args.faults.split(",") if f != "none"]]
     unknown = sorted(set(names) - set(FAULTS))
     if unknown:
@@ -110,4 +114,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

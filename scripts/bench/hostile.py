@@ -21,6 +21,7 @@ from pathlib import Path
 from harnesses.hostile_answers import TASKS, payloads
 from harnesses.reasoning_gym_tasks import ReasoningGymTasks
 from harnesses.sandbox import SandboxError
+from rollout.log import setup_logging
 
 
 def median_ms(score, text: str, repeats: int) -> float | str:
@@ -57,4 +58,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -33,11 +33,12 @@ from contextlib import ExitStack
 import ray
 import torch
 
-from rollout.client import ChatFormat
-from rollout.cluster import start_ray
+from rollout.agents.client import ChatFormat
 from rollout.config import RayConfig
-from rollout.fleet import RolloutFleet
+from rollout.log import setup_logging
 from rollout.models import resolve_model
+from rollout.orchestration.cluster import start_ray
+from rollout.orchestration.fleet import RolloutFleet
 from trainer.baseline import PlainLoop, batches_for, conversation_trace, memcpy_s
 from trainer.config import compose
 from trainer.learner import LearnerConfig
@@ -141,7 +142,8 @@ def section_c(model_name: str, rounds: int) -> dict:
             best = min(results, key=lambda r: r["seconds"])
             out[method] = {"sync_s": round(best["seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
                            **({"export_s": round(best["export_seconds"], 3)} if "export_seconds" in best else
-                              {"send_s": round(best["send_seconds"], 3), "engine_receive_s": round(best["receive_seconds"], 3),
+                              {"send_s": round(best["send_seconds"], 3),
+                               "engine_receive_s": round(best["receive_seconds"], 3),
                                "snapshot_wait_s": round(snapshot_s, 3)})}
             print(model_name, "c", method, out[method], flush=True)
     nbytes = int(results[0]["bytes"])
@@ -244,4 +246,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -1,4 +1,4 @@
-"""Benchmark vLLM's CPU LoRA path: vLLM's own ops vs tracerl's grouped ops (rollout/lora_cpu.py).
+"""Benchmark vLLM's CPU LoRA path: vLLM's own ops vs tracerl's grouped ops (rollout/engine/lora_ops.py).
 
     python scripts/bench/lora_ops.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--rank 16] [--quick]
 
@@ -27,9 +27,10 @@ import uuid
 import torch
 
 from rollout.config import EngineConfig, LoraConfig
-from rollout.engine_args import engine_args
-from rollout.lora import peft_config
+from rollout.engine.args import engine_args
+from rollout.log import setup_logging
 from rollout.models import resolve_model
+from rollout.weights.lora_names import peft_config
 
 
 def random_adapters(model_path: str, lora: LoraConfig, folder: str) -> dict[str, str]:
@@ -79,7 +80,7 @@ def run_variant(ops: str, model_path: str, adapters: dict[str, str], lora: LoraC
                "a+b": [reqs["a"]] * half + [reqs["b"]] * (n - half),
                "base+a": [None] * half + [reqs["a"]] * (n - half)}
 
-    async def main() -> dict:
+    async def main(llm) -> dict:  # (an argument: the name is deleted below)
         await batch(llm, prompts[:4], [None, reqs["a"], reqs["b"], None], params)  # warm up, adapters loaded
         out, ids = {}, {}
         for name, loras in batches.items():
@@ -90,7 +91,7 @@ def run_variant(ops: str, model_path: str, adapters: dict[str, str], lora: LoraC
         return out
 
     try:
-        return {"ops": ops, **asyncio.run(main())}
+        return {"ops": ops, **asyncio.run(main(llm))}
     finally:
         llm.shutdown()
         del llm
@@ -132,4 +133,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

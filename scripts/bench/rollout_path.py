@@ -27,13 +27,13 @@ import time
 
 import ray
 
-from rollout.baseline import bench_vllm
-from rollout.client import ChatFormat
-from rollout.cluster import start_ray
-from rollout.config import GenerateJobConfig
-from rollout.fleet import RolloutFleet
+from rollout.agents.client import ChatFormat
+from rollout.config import GenerateJobConfig, make_task_source
+from rollout.engine.baseline import bench_vllm
+from rollout.log import setup_logging
 from rollout.models import resolve_model
-from rollout.config import make_task_source
+from rollout.orchestration.cluster import start_ray
+from rollout.orchestration.fleet import RolloutFleet
 from trainer.config import compose
 
 
@@ -117,4 +117,5 @@ def main() -> None:
     print(json.dumps(result))
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

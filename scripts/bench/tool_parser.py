@@ -1,6 +1,6 @@
 """Bench: the gateway's tool-call parser on degenerate model output (issue 26, review H2).
 
-Times `rollout.gateway.parse_tool_calls` on `<tool_call>` + 100,000 spaces, 100,000 newlines,
+Times `rollout.agents.tool_calls.parse_tool_calls` on `<tool_call>` + 100,000 spaces, 100,000 newlines,
 a call padded with 100,000 spaces, 10,000 unclosed `<tool_call>` tags and a normal reply, and the regex it replaced
 (`<tool_call>\\s*(.*?)\\s*</tool_call>`, cubic in the whitespace) on 1,000 and 2,000 spaces.
 Goal: 100k spaces in < 50 ms. The last line is one JSON object.
@@ -15,7 +15,8 @@ import json
 import re
 import time
 
-from rollout.gateway import parse_tool_calls
+from rollout.agents.tool_calls import parse_tool_calls
+from rollout.log import setup_logging
 
 _OLD = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 NORMAL = ('Let me compute that.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n'
@@ -54,4 +55,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rollout.log import setup_logging
 from rollout.trace import Sequence, Trace, read_jsonl, write_jsonl
 
 
@@ -76,10 +77,12 @@ def main() -> None:
         parse_s = best_of(args.rounds, parse)
     print(f"{n} traces, {mb:.1f} MB: write {write_s:.2f}s, load {load_s:.2f}s ({mb / load_s:.1f} MB/s), "
           f"json.loads alone {parse_s:.2f}s")
-    print(json.dumps({"bench": "trace_io", "quick": args.quick, "traces": n, "mb": round(mb, 1), "write_s": round(write_s, 2),
+    print(json.dumps({"bench": "trace_io", "quick": args.quick, "traces": n, "mb": round(mb, 1),
+                      "write_s": round(write_s, 2),
                       "load_s": round(load_s, 2), "load_mb_per_s": round(mb / load_s, 1),
                       "json_parse_s": round(parse_s, 2), "load_over_json_parse": round(load_s / parse_s, 2)}))
 
 
 if __name__ == "__main__":
+    setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
     main()

@@ -21,8 +21,8 @@ def test_config_reference_is_up_to_date():
 
 
 def test_every_key_has_a_type_a_default_and_a_description():
-    from scripts.config_reference import rows
     from rollout.config import PolicyConfig
+    from scripts.config_reference import rows
     from trainer.config import TrainJobConfig
 
     entries = rows(TrainJobConfig, "", None) + rows(PolicyConfig, "policies.<name>.", None)

@@ -4,7 +4,6 @@ and say why in the scoring notes; honest gold answers still score 1.0."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from harnesses.base import collect_scoring_notes

@@ -87,8 +87,8 @@ def run_worker_eval(engine, tiny_path, options: dict, items: int = 4):
     examples/arith.jsonl scored by the judge (the judge role on the frozen policy)."""
     import ray
 
-    from rollout.cluster import spawn_buffer, spawn_workers
     from rollout.config import GenerateJobConfig, HarnessConfig, RolloutConfig, SamplingConfig, TaskConfig
+    from rollout.orchestration.cluster import spawn_buffer, spawn_workers
 
     params = {"path": str(ROOT / "examples" / "arith.jsonl"), "verifier": "judge", "verifier_options": options}
     cfg = GenerateJobConfig(

@@ -6,9 +6,9 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
-from rollout.client import Agent, ChatFormat, TraceRecorder
+from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.config import SamplingConfig
-from rollout.router import Router
+from rollout.orchestration.router import Router
 
 
 def make_agent(engine, tok, role="solver", policy="main", recorder=None, max_tokens=12, trainable=True):
@@ -93,7 +93,7 @@ def test_token_conversation_equals_template_rendering(model):
 def test_continuation_cache_is_bounded(tiny_tokenizer):
     """Every new follow-up turn (a gateway tool result, a critique) is a cache key: the cache keeps
     the most recently used _TAILS_MAX of them, and an evicted one renders the same again."""
-    from rollout.client import _TAILS_MAX
+    from rollout.agents.client import _TAILS_MAX
 
     fmt = ChatFormat(tiny_tokenizer)
     first = fmt.continuation([1, 2], [{"role": "tool", "content": "result 0"}])

@@ -5,8 +5,8 @@ import ray
 import torch
 from safetensors.torch import save
 
-from rollout.cluster import spawn_engines, spawn_stores
 from rollout.config import ModelConfig, SamplingConfig
+from rollout.orchestration.cluster import spawn_engines, spawn_stores
 from tests.conftest import chat_prompt, hf_logprobs
 
 
@@ -86,7 +86,7 @@ def test_update_weights_tied_embeddings(tied_engine, tiny_tied_path):
 
 @pytest.mark.integration
 def test_the_step_clock_accounts_for_every_token_and_fits_in_the_busy_time(engine, tiny_tokenizer):
-    """rollout/engine_clock.py: over 8 concurrent requests the engine's step totals count exactly
+    """rollout/engine/clock.py: over 8 concurrent requests the engine's step totals count exactly
     the tokens generated and the prompt tokens prefilled, the decode steps ran batched, and the
     steps' time fits inside the time some request was in flight."""
     import time
@@ -117,7 +117,7 @@ def test_cpu_cores_give_each_engine_its_share_of_the_cores(monkeypatch):
     import os
 
     from rollout.config import EngineConfig
-    from rollout.engine_args import bind_cpu_cores
+    from rollout.engine.args import bind_cpu_cores
 
     cores = sorted(os.sched_getaffinity(0))
     half = len(cores) // 2
@@ -152,7 +152,7 @@ def test_a_request_past_its_deadline_is_aborted_and_named(engine, tiny_tokenizer
     import asyncio
     import time
 
-    from rollout.router import EngineError, Router
+    from rollout.orchestration.router import EngineError, Router
 
     prompt = chat_prompt(tiny_tokenizer)
     long = SamplingConfig(max_tokens=1000, ignore_eos=True)
@@ -173,7 +173,7 @@ def test_the_watchdog_tells_a_busy_engine_from_a_hung_one(ray_cluster, tiny_path
     requests ahead of it, it is not answered within 3 s, but requests finish meanwhile: busy, not
     hung (a hung one, stopped by SIGSTOP, is tests/trainer/test_faults.py's). Idle again: ok."""
     from rollout.config import EngineConfig
-    from rollout.fleet import probe_engine
+    from rollout.orchestration.fleet import probe_engine
 
     cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, max_num_seqs=1, max_restarts=0)
     [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), cfg)})["main"]
@@ -197,7 +197,7 @@ def test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals(ray_cl
     import psutil
 
     from rollout.config import EngineConfig
-    from rollout.router import Router
+    from rollout.orchestration.router import Router
 
     cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, core="process", max_restarts=1)
     stores = {"main": spawn_stores(["main"])}  # with a store, Ray restarts a dead engine
@@ -227,7 +227,7 @@ def test_a_weight_load_in_progress_is_not_a_hang_and_loads_run_one_at_a_time(eng
     flight are 32 of 2040 tokens, so they outlast the probe however fast the box; then cancelled.)"""
     import time
 
-    from rollout.fleet import probe_engine
+    from rollout.orchestration.fleet import probe_engine
 
     same = save({k: v.detach().clone() for k, v in hf_tiny.named_parameters()})  # only the version changes
     v0 = ray.get(engine.info.remote())["version"]
@@ -256,7 +256,7 @@ def test_engine_args_on_gpu_size_the_kv_cache_and_keep_tensor_parallel_workers_l
     sizes the KV cache on GPU too, null leaves it to gpu_memory_utilization; the CPU-only prefill
     settings stay on CPU."""
     from rollout.config import EngineConfig
-    from rollout.engine_args import engine_args
+    from rollout.engine.args import engine_args
 
     def args(**kw):
         return engine_args("/models/any", EngineConfig(**kw), dtype="bfloat16", max_model_len=4096)

@@ -1,4 +1,4 @@
-"""ThreadedLLM (rollout/engine_thread.py): vLLM's engine core on a thread, in a Ray actor of its own
+"""ThreadedLLM (rollout/engine/thread.py): vLLM's engine core on a thread, in a Ray actor of its own
 (the engine binds its process's OpenMP threads and memory, so not in the test process).
 
 Each scenario runs inside the actor against a real vLLM CPU engine on the tiny model and returns
@@ -17,8 +17,8 @@ LONG = 48  # tokens of a "long" request: many engine steps
 class ThreadProbe:
     def __init__(self, model_path: str):
         from rollout.config import EngineConfig
-        from rollout.engine_args import engine_args
-        from rollout.engine_thread import ThreadedLLM
+        from rollout.engine.args import engine_args
+        from rollout.engine.thread import ThreadedLLM
 
         self.llm = ThreadedLLM(engine_args(model_path, EngineConfig(kv_cache_gb=0.25, max_num_seqs=8)))
 
@@ -84,7 +84,7 @@ class ThreadProbe:
         return error, len(out.outputs[0].token_ids)
 
     async def step_fails(self) -> dict:
-        from rollout.engine_thread import EngineThreadDied
+        from rollout.engine.thread import EngineThreadDied
 
         def step():
             raise RuntimeError("injected: step failed")

@@ -12,8 +12,8 @@ import pytest
 import ray
 
 from rollout.config import SamplingConfig
-from rollout.fleet import RolloutFleet
-from rollout.router import Router
+from rollout.orchestration.fleet import RolloutFleet
+from rollout.orchestration.router import Router
 from trainer.config import compose
 
 pytestmark = pytest.mark.e2e  # a fleet of its own (~30 s to start) whose engines and workers die

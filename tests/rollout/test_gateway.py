@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway (rollout/gateway.py) with the `openai` SDK against the real engine
+"""The OpenAI-compatible gateway (rollout/agents/gateway.py) with the `openai` SDK against the real engine
 (tiny model, its real tokenizer and chat template), and the openai_agent harness in a real worker.
 Hostile input (issue 26): tests/rollout/test_gateway_hostile.py."""
 
@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from openai import APITimeoutError, AsyncOpenAI, BadRequestError
 
-from rollout.client import Agent, ChatFormat, TraceRecorder
+from rollout.agents.client import Agent, ChatFormat, TraceRecorder
+from rollout.agents.gateway import Gateway
+from rollout.agents.tool_calls import parse_tool_calls
 from rollout.config import HarnessConfig, SamplingConfig
-from rollout.gateway import Gateway, parse_tool_calls
-from rollout.router import Router
+from rollout.orchestration.router import Router
 from rollout.trace import Trace
 from trainer.packing import build_rows, token_weights
 
@@ -223,9 +224,9 @@ def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, e
     import ray
 
     from examples.calculator_agent import SYSTEM, TOOLS
-    from rollout.cluster import spawn_engines
     from rollout.config import ModelConfig
     from rollout.models import resolve_model
+    from rollout.orchestration.cluster import spawn_engines
 
     path = resolve_model("smollm2_135m")
     [eng] = spawn_engines({"main": (path, ModelConfig(name="smollm2_135m"), engine_cfg)})["main"]

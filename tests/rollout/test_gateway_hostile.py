@@ -16,10 +16,11 @@ import pytest
 from openai import APIStatusError, AsyncOpenAI, BadRequestError
 from transformers import AutoTokenizer
 
-from rollout.client import Agent, ChatFormat, TraceRecorder
+from rollout.agents.client import Agent, ChatFormat, TraceRecorder
+from rollout.agents.gateway import Gateway
+from rollout.agents.tool_calls import parse_tool_calls
 from rollout.config import SamplingConfig
-from rollout.gateway import Gateway, parse_tool_calls
-from rollout.router import EngineError, Router
+from rollout.orchestration.router import EngineError, Router
 from tests.rollout.test_gateway import gateway_run  # noqa: F401 (the fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -172,7 +173,7 @@ def test_an_engine_failure_in_a_gateway_request_runs_the_episode_again(engine, t
     the agent gets a 503 `engine_unavailable` and carries on, but the harness raises the failure,
     so the worker runs the episode again (before: a bare 500, the degraded answer kept)."""
     from rollout.config import GenerateJobConfig, HarnessConfig, RolloutConfig, TaskConfig
-    from rollout.worker import RolloutWorker
+    from rollout.orchestration.worker import RolloutWorker
     from tests.conftest import EASY_CHAIN_SUM
 
     harness = HarnessConfig(_target_="harnesses.openai_agent.openai_agent", name="openai_agent", roles=["solver"],
@@ -201,7 +202,7 @@ def test_a_rollout_worker_clamps_agents_to_its_models_context(engine, tiny_path)
     """The worker hands each Agent its policy's model.max_model_len (48 here), so an agent's
     max_tokens=100000 is clamped to the context its prompt leaves instead of failing the request."""
     from rollout.config import GenerateJobConfig, HarnessConfig, ModelConfig, RolloutConfig, TaskConfig
-    from rollout.worker import RolloutWorker
+    from rollout.orchestration.worker import RolloutWorker
     from tests.conftest import EASY_CHAIN_SUM
 
     harness = HarnessConfig(_target_="harnesses.openai_agent.openai_agent", name="openai_agent", roles=["solver"],

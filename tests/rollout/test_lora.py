@@ -9,11 +9,11 @@ import ray
 import torch
 
 from rollout.config import LoraConfig, ModelConfig, SamplingConfig
+from rollout.weights.sync import ObjectStoreSync
 from tests.conftest import chat_prompt, hf_logprobs
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
-from trainer.weight_sync import ObjectStoreSync
 
 LORA = LoraConfig(rank=8, alpha=16.0)
 
@@ -21,7 +21,7 @@ LORA = LoraConfig(rank=8, alpha=16.0)
 @pytest.fixture(scope="module")
 def lora_engine(ray_cluster, tiny_path, engine_cfg):
     """One engine serving the tiny base model and adapters `a` and `b` (pool "a+b+frozen")."""
-    from rollout.cluster import spawn_engines
+    from rollout.orchestration.cluster import spawn_engines
 
     [e] = spawn_engines({"a+b+frozen": (tiny_path, ModelConfig(name="tiny"), engine_cfg)},
                         adapters={"a+b+frozen": {"a": LORA, "b": LORA}})["a+b+frozen"]
@@ -36,7 +36,7 @@ def random_adapter(hf_tiny, tiny_path, seed: int):
     from peft import get_peft_model, get_peft_model_state_dict
     from safetensors.torch import save
 
-    from rollout.lora import peft_config
+    from rollout.weights.lora_names import peft_config
 
     torch.manual_seed(seed)
     model = get_peft_model(copy.deepcopy(hf_tiny), peft_config(LORA, tiny_path)).eval()
@@ -81,7 +81,7 @@ def test_adapters_match_hf_peft_and_stay_apart(lora_engine, hf_tiny, tiny_path, 
     assert (scores(lora_engine, prompt, c.completion_ids, "a") - want_a).abs().max() < 1e-3
 
     # one batch of base, a and b requests: each gets its own weights, the base none of an adapter's
-    # (vLLM's CPU ops gave a base token the last adapter slot's LoRA: rollout/lora_cpu.py)
+    # (vLLM's CPU ops gave a base token the last adapter slot's LoRA: rollout/engine/lora_ops.py)
     together = [lora_engine.score.remote(prompt, c.completion_ids, p) for p in ("frozen", "a", "b", "frozen")]
     got = [torch.tensor(x) for x in ray.get(together, timeout=120)]
     for p, g in zip(("frozen", "a", "b", "frozen"), got):
@@ -160,11 +160,11 @@ def base_digest(model) -> str:
 
 @pytest.mark.unit
 def test_cpu_lora_ops_group_by_adapter_and_leave_tokens_without_one_alone():
-    """rollout/lora_cpu.py against vLLM's own CPU ops where they agree (every token has an adapter)
+    """rollout/engine/lora_ops.py against vLLM's own CPU ops where they agree (every token has an adapter)
     and against the definition where vLLM's do not (-1: no adapter, a zero LoRA term)."""
     from vllm.lora.ops import torch_ops as vllm_ops
 
-    from rollout import lora_cpu
+    from rollout.engine import lora_ops as lora_cpu
 
     torch.manual_seed(0)
     slots, rank, width, out_width, n = 3, 8, 24, 40, 11
@@ -207,7 +207,7 @@ def learner_adapter(hf_tiny, tiny_path):
     """HF + PEFT: adapter "a" on the tiny base, initialised as a learner does (seed 0)."""
     from peft import get_peft_model
 
-    from rollout.lora import peft_config, peft_name
+    from rollout.weights.lora_names import peft_config, peft_name
 
     torch.manual_seed(0)
     return get_peft_model(copy.deepcopy(hf_tiny), peft_config(LORA, tiny_path), adapter_name=peft_name("a"))
@@ -216,7 +216,7 @@ def learner_adapter(hf_tiny, tiny_path):
 def adapter_state(model) -> dict[str, torch.Tensor]:
     from peft import get_peft_model_state_dict
 
-    from rollout.lora import peft_name
+    from rollout.weights.lora_names import peft_name
 
     return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=peft_name("a")).items()}
 

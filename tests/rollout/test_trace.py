@@ -145,6 +145,7 @@ def test_jsonl_round_trip(tmp_path):
 
 def test_read_jsonl_names_bad_line(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text('{"id": "a", "group": "g", "sequences": []}\n{"id": "b", "group": "g", "sequences": [], "bogus": 1}\n')
+    path.write_text('{"id": "a", "group": "g", "sequences": []}\n'
+                    '{"id": "b", "group": "g", "sequences": [], "bogus": 1}\n')
     with pytest.raises(TraceError, match=r"t.jsonl:2: Object contains unknown field `bogus`"):
         list(read_jsonl(path))

@@ -1,4 +1,4 @@
-"""The trace viewer's rendering (rollout/view.py) on hand-built traces with the tiny tokenizer."""
+"""The trace viewer's rendering (rollout/viewer.py) on hand-built traces with the tiny tokenizer."""
 
 import re
 import subprocess
@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from rollout.trace import Sequence, Trace
-from rollout.view import GENERATED, MASKED, PROMPT, build_view, load_decode, render_page, render_sequence
+from rollout.viewer import GENERATED, MASKED, PROMPT, build_view, load_decode, render_page, render_sequence
 
 pytestmark = pytest.mark.unit
 
@@ -125,7 +125,7 @@ def test_sequence_card_is_self_contained(chat, decode):
 
 
 def test_module_imports_no_ray_vllm_or_torch(tiny_path):
-    code = ("import sys; import rollout.view as v; v.load_decode(sys.argv[1])([1, 2]); "
+    code = ("import sys; import rollout.viewer as v; v.load_decode(sys.argv[1])([1, 2]); "
             "print(sorted(m for m in ('ray', 'vllm', 'torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, tiny_path], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rollout.weight_transport import ALIGN, GroupPlan, choose_transport, device_identity, offsets
+from rollout.weights.transport import ALIGN, GroupPlan, choose_transport, device_identity, offsets
 
 pytestmark = pytest.mark.unit
 

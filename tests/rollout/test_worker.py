@@ -3,8 +3,8 @@
 import pytest
 import ray
 
-from rollout.cluster import spawn_buffer
 from rollout.config import HarnessConfig
+from rollout.orchestration.cluster import spawn_buffer
 
 pytestmark = pytest.mark.integration
 
@@ -14,7 +14,7 @@ def test_failing_and_hanging_harnesses_make_failed_traces(run_worker):
     stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=6, timeout_s=5.0)
     by_task = {g[0].info["task"].rsplit("/", 1)[1]: g for g in groups}
     assert sorted(by_task) == ["0", "1", "2", "3", "4", "5"], "every group completes, failed or not"
-    for k, g in by_task.items():
+    for g in by_task.values():
         assert len(g) == 2 and {t.group for t in g} == {g[0].info["task"]}
     assert all(t.status == "failed" and "RuntimeError: harness bug on task 1" in t.error for t in by_task["1"])
     assert all(t.status == "failed" and "timeout" in t.error for t in by_task["2"])
@@ -35,7 +35,8 @@ def test_bad_harness_results_make_failed_traces(run_worker):
     harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.bad_results", name="bad", roles=["solver"])
     stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=6)
     by_task = {int(g[0].info["task"].rsplit("/", 1)[1]): g for g in groups}
-    expected = {0: "info of type list", 1: "info that is not plain JSON data", 2: "reward = np.float32(0.5) of type float32",
+    expected = {0: "info of type list", 1: "info that is not plain JSON data",
+                2: "reward = np.float32(0.5) of type float32",
                 3: "reward = '0.5' of type str", 4: "agent_rewards['solver'] = None of type NoneType"}
     for k, msg in expected.items():
         assert all(t.status == "failed" and msg in t.error for t in by_task[k]), (k, [t.error for t in by_task[k]])
@@ -90,7 +91,8 @@ def test_buffer_rejects_malformed_traces_with_reason(ray_cluster):
     good = Trace(id="a", group="g", sequences=[Sequence([1, 2], [3], [-0.1], "solver", "main", 0)])
     oov = Trace(id="b", group="g", sequences=[Sequence([1, 2], [3, 9999], [-0.1, -0.2], "solver", "main", 0)])
     bad_dict = {"id": "c", "group": "g", "sequences": [
-        {"prompt_ids": [1], "completion_ids": [2, 3], "logprobs": [-0.1], "agent": "s", "policy": "main", "version": 0}]}
+        {"prompt_ids": [1], "completion_ids": [2, 3], "logprobs": [-0.1], "agent": "s", "policy": "main",
+         "version": 0}]}
     assert ray.get(buffer.put.remote(good)) is True
     assert ray.get(buffer.put.remote(oov)) is False
     assert ray.get(buffer.put.remote(bad_dict)) is False

@@ -1,7 +1,7 @@
 """scripts/gpu_check.sh, the GPU readiness check, run here in its CPU form.
 
 The env and transport stages run for real on this machine (the transport in its gloo form, with
-torch and rollout/weight_transport.py only). The script's own machinery — a stage that fails, one
+torch and rollout/weights/transport.py only). The script's own machinery — a stage that fails, one
 that overruns its deadline (and a process of it that left its process group), one skipped for
 lack of budget, an unknown stage name — is driven through PYTHON= pointing at a small shell
 script standing in for the interpreter, so those cases are exact and cost seconds.

@@ -30,7 +30,7 @@ def test_smoke_experiment_learns_in_sync_mode(smoke_run):
     before, after = (list(read_jsonl(tmp_path / f"eval/step_{n}.jsonl")) for n in (0, 20))
     assert [t.info["task"] for t in before] == [t.info["task"] for t in after] and len(after) == 32
     assert sum(t.reward for t in after) / 32 == pytest.approx(summary["final_eval_reward"])
-    assert "[train] step   20/20" in proc.stdout
+    assert "[train] step   20/20" in proc.stderr  # a log line (rollout/log.py)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     last = json.loads(lines[-1])
     for key in ("rollout/reward", "train/main/loss", "train/main/clip_frac", "train/main/mismatch_kl",
@@ -46,7 +46,7 @@ def test_smoke_experiment_learns_in_sync_mode(smoke_run):
             # the learners' own step seconds are part of the loop's train time (0: nothing to train)
             assert 0 <= m["perf/main/learner_s"] <= m["perf/main/train_s"], m
             assert (m["perf/main/learner_s"] > 0) == ("train/main/loss" in m), m
-    assert "engines busy" in proc.stdout
+    assert "engines busy" in proc.stderr
     # trainer.rollouts_every=10: steps 10 and 20 wrote the traces they trained on, no other step
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_10.jsonl", "step_20.jsonl"]
     written = list(read_jsonl(tmp_path / "rollouts/step_20.jsonl"))

@@ -17,7 +17,7 @@ import pytest
 
 from rollout.config import HarnessConfig
 from rollout.trace import read_jsonl, write_jsonl
-from rollout.view import CSS, GENERATED, MASKED, PROMPT
+from rollout.viewer import CSS, GENERATED, MASKED, PROMPT
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -37,7 +37,7 @@ def traces_file(run_worker, tmp_path_factory) -> Path:
 
 
 def background(kind: str) -> tuple[int, int, int]:
-    """The first colour of a token kind's background in rollout/view.py's CSS, as RGB."""
+    """The first colour of a token kind's background in rollout/viewer.py's CSS, as RGB."""
     hex_ = re.search(rf"\.tv \.{kind}\{{background:[^#]*#([0-9a-f]{{6}})", CSS).group(1)
     return tuple(int(hex_[i:i + 2], 16) for i in (0, 2, 4))
 

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from rollout.trace import Sequence, Trace
-from trainer.advantages import (AdvantageConfig, advantage_stats, batch_mean, compute_advantages,
-                                grpo, rloo, uniform)
+from trainer.advantages import AdvantageConfig, advantage_stats, batch_mean, compute_advantages, grpo, rloo, uniform
 
 pytestmark = pytest.mark.unit
 

@@ -8,10 +8,10 @@ import pytest
 import ray
 import torch
 
+from tests.conftest import fake_checkpoint
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.run_dir import check_run_dir
-from tests.conftest import fake_checkpoint
 
 
 def names(paths):
@@ -20,7 +20,7 @@ def names(paths):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("damage", ['{"step": 4, "vers', '{"versions": {"main": 4}}', "\x00\x00"])
-def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, damage, capsys):
+def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, damage, caplog):
     for step in (2, 4):
         fake_checkpoint(tmp_path, step)
     (checkpoint.step_dir(tmp_path, 4) / "trainer_state.json").write_text(damage)  # torn by a crash
@@ -28,7 +28,7 @@ def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, d
     ckpt, state = checkpoint.load_newest(tmp_path, lambda d, s: loaded.append((d.name, s)))
     assert (ckpt.name, state["step"]) == ("step_000002", 2)
     assert loaded == [("step_000002", {"step": 2, "versions": {"main": 2}})]
-    assert "step_000004/trainer_state.json is damaged" in capsys.readouterr().out
+    assert "step_000004/trainer_state.json is damaged" in caplog.text
 
     def cfg(steps):
         return compose("train", ["experiment=smoke", f"run_dir={tmp_path}", f"trainer.steps={steps}",
@@ -168,8 +168,8 @@ def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_w
     from safetensors.torch import load
     from transformers import AutoModelForCausalLM
 
-    from rollout.cluster import spawn_engines
     from rollout.config import ModelConfig
+    from rollout.orchestration.cluster import spawn_engines
     from tests.conftest import chat_prompt
     from trainer.learner import LearnerConfig
     from trainer.learner_group import LearnerGroup
@@ -219,13 +219,13 @@ def test_a_bf16_model_is_exported_and_saved_in_bf16(ray_cluster, tiny_path, tiny
     from safetensors.torch import load
     from transformers import AutoModelForCausalLM
 
-    from rollout.cluster import spawn_engines
     from rollout.config import ModelConfig
+    from rollout.orchestration.cluster import spawn_engines
+    from rollout.weights.sync import ObjectStoreSync
     from tests.conftest import chat_prompt
     from trainer.learner import LearnerConfig
     from trainer.learner_group import LearnerGroup
     from trainer.losses import LossConfig
-    from trainer.weight_sync import ObjectStoreSync
 
     prompt = chat_prompt(tiny_tokenizer)
     completion = tiny_tokenizer.encode("The answer is 7.", add_special_tokens=False)

@@ -8,15 +8,15 @@ import pytest
 import ray
 import torch
 
+from rollout.orchestration.faults import Injector
 from rollout.trace import Sequence, Trace, TraceError
 from tests.conftest import fake_checkpoint, read_metrics
-from rollout.faults import Injector
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
-from trainer.losses import LossConfig
 from trainer.loop import check_failures, train
+from trainer.losses import LossConfig
 from trainer.run_dir import check_run_dir, start_run_dir
 
 
@@ -83,7 +83,8 @@ def test_too_many_failed_traces_stop_with_the_commonest_errors():
 
     check_failures([trace(0, "KeyError: 'x'"), trace(1), trace(2)], 0.5, "step 3")  # 1 of 3: goes on
     traces = [trace(0, "KeyError: 'x'\n  at line 3"), trace(1, "KeyError: 'x'"), trace(2, "OSError: disk"), trace(3)]
-    with pytest.raises(RuntimeError, match=r"step 3: 3 of 4 traces failed.*max_failed_fraction=0.5.*2x KeyError: 'x'; 1x OSError"):
+    with pytest.raises(RuntimeError,
+                       match=r"step 3: 3 of 4 traces failed.*max_failed_fraction=0.5.*2x KeyError: 'x'; 1x OSError"):
         check_failures(traces, 0.5, "step 3")
     check_failures(traces, 1.0, "step 3")  # 1: never stop
 
@@ -126,7 +127,8 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank
         state = torch.load(optim, weights_only=False)
         torch.save({**state, "extra": RunsCode(tmp_path / "ran")}, optim)  # a forged checkpoint
         shutil.rmtree(checkpoint.step_dir(tmp_path, 2))
-        with pytest.raises(RuntimeError, match=r"(?s)none of the 1 .*optim_states.pt holds a pickled object .* refused"):
+        with pytest.raises(RuntimeError,
+                           match=r"(?s)none of the 1 .*optim_states.pt holds a pickled object .* refused"):
             checkpoint.load_newest(tmp_path, lambda d, s: checkpoint.restore_policy(group, d, "solver"))
         assert not (tmp_path / "ran").exists(), "nothing in the file ran"
 

@@ -8,10 +8,10 @@
 import pytest
 import torch
 
-from rollout.client import ChatFormat
+from rollout.agents.client import ChatFormat
 from rollout.trace import Sequence, Trace
-from trainer.losses import LossConfig, microbatch_loss
 from tests.conftest import hf_logprobs
+from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import Normalization, build_rows, pack, packing_stats, share_prefixes, token_weights
 
 pytestmark = pytest.mark.unit

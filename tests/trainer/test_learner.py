@@ -167,9 +167,9 @@ def test_a_sequence_trains_at_the_temperature_it_was_sampled_at(ray_cluster, eng
 
     import msgspec
 
-    from rollout.client import Agent, ChatFormat, TraceRecorder
+    from rollout.agents.client import Agent, ChatFormat, TraceRecorder
     from rollout.config import SamplingConfig
-    from rollout.router import Router
+    from rollout.orchestration.router import Router
     from rollout.trace import Trace
     from tests.conftest import chat_prompt
     from trainer.packing import build_rows, pack, token_weights

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from rollout.orchestration.faults import wait_for_step
 from rollout.trace import Sequence, Trace, read_jsonl
 from tests.conftest import read_metrics as metrics
-from rollout.faults import wait_for_step
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.loop import eval_summary, train
-
 
 ROOT = Path(__file__).resolve().parents[2]
 

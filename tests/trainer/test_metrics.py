@@ -6,8 +6,15 @@ import json
 import pytest
 
 from rollout.trace import Sequence, Trace
-from trainer.metrics import (RunLogger, advantage_metrics, paired_comparison, rollout_split, step_totals,
-                             trace_table, train_metrics)
+from trainer.metrics import (
+    RunLogger,
+    advantage_metrics,
+    paired_comparison,
+    rollout_split,
+    step_totals,
+    trace_table,
+    train_metrics,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -117,12 +124,12 @@ def test_rollout_split_is_per_engine_and_counts_a_restarted_engine_from_zero():
     assert m["rollout/prefill_tokens"] == 10.0  # engine 1's did not change; engine 3's 10 are new
 
 
-def test_a_resumed_logger_survives_a_torn_last_line_and_keeps_the_rows_up_to_its_step(tmp_path, capsys):
+def test_a_resumed_logger_survives_a_torn_last_line_and_keeps_the_rows_up_to_its_step(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     rows = [json.dumps({"step": s, "train/main/loss": 0.1 * s}) for s in (1, 2, 3, 4)]
     path.write_text("\n".join(rows) + '\n{"step": 5, "train/main/lo')  # killed mid-write of step 5
     with RunLogger(tmp_path, "disabled", "p", None, {}, resume_step=3) as logger:
-        assert "left out 1 line(s)" in capsys.readouterr().out
+        assert "left out 1 line(s)" in caplog.text
         # step 4 came after the checkpoint the run resumes from: made again
         assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
         logger.log(4, {"train/main/loss": 0.5})

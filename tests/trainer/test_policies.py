@@ -17,7 +17,7 @@ import ray
 import torch
 from safetensors.torch import load_file
 
-from rollout.fleet import RolloutFleet
+from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Trace
 from tests.conftest import read_metrics
 from trainer import checkpoint
@@ -125,7 +125,8 @@ def test_two_policies_async_stay_within_the_bound_of_their_own_clock(ray_cluster
         assert summary["policies"][p]["version"] == 5 and summary["policies"][p]["trained_tokens"] > 0
     # the trained tokens of a step are split between the two policies, none counted twice
     for m in steps:
-        assert m["train/trained_tokens"] == m.get("train/main/trained_tokens", 0) + m.get("train/critic/trained_tokens", 0)
+        assert m["train/trained_tokens"] == (m.get("train/main/trained_tokens", 0)
+                                             + m.get("train/critic/trained_tokens", 0))
 
 
 def test_resume_with_two_policies_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):

@@ -8,13 +8,13 @@
 resets the prefix cache, and tags every later output with `version`. The same
 class runs vLLM's CPU build and the CUDA build; only EngineConfig differs.
 `engine.core` says where vLLM's engine core runs: on a thread of this actor
-(rollout/engine_thread.py: one vLLM import per engine, the CPU default) or in
+(rollout/engine/thread.py: one vLLM import per engine, the CPU default) or in
 a child process (vLLM's AsyncLLM, the GPU default); both offer the same calls.
 
 An engine that dies is restarted by Ray (`engine.max_restarts`) with the same
 arguments; before its first request it loads its policies' newest weights and
 versions from their `WeightStore`s, so nothing it serves is older than what the
-run had pushed. `health()` is the watchdog's probe (rollout/fleet.py). When
+run had pushed. `health()` is the watchdog's probe (rollout/orchestration/fleet.py). When
 vLLM's engine-core process dies (the OOM killer, a CUDA fault) the actor would
 stay alive with every call failing: instead, the first call that meets the dead
 core ends the actor's process, so Ray restarts it like any dead engine and the
@@ -37,18 +37,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import pickle
 import shutil
 import tempfile
 import time
 import uuid
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from rollout.config import EngineConfig, LoraConfig, SamplingConfig
-from rollout.engine_args import _vllm_env, bind_cpu_cores, core_kind, engine_args, sampling_params
+from rollout.engine.args import _vllm_env, bind_cpu_cores, core_kind, engine_args, sampling_params
+from rollout.log import setup_logging
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -86,10 +89,11 @@ class Engine:
         pushes of (none: always the weights in `model_path`); `index`: this engine's place in the
         pool (the stores count its starts); `adapters`: LoRA policy -> its adapter settings."""
         since = time.perf_counter()
+        setup_logging()  # this actor's process: its lines reach the driver's terminal (Ray forwards stderr)
         _vllm_env(cfg.vllm_log_level)
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from rollout.engine_thread import ThreadedLLM
+        from rollout.engine.thread import ThreadedLLM
 
         self.pool = pool
         self.version = 0  # of the base weights
@@ -100,9 +104,9 @@ class Engine:
         self._lora: dict = {}  # adapter policy -> its vLLM LoRARequest, once a version was pushed
         self._adapter_dir = Path(tempfile.mkdtemp(prefix="tracerl-lora-")) if self.adapters else None
         bind_cpu_cores(cfg)
-        from rollout.engine_clock import StepClock
+        from rollout.engine.clock import StepClock
 
-        self._clock = StepClock()  # the engine-core steps' time (rollout/engine_clock.py)
+        self._clock = StepClock()  # the engine-core steps' time (rollout/engine/clock.py)
         t0 = time.perf_counter()
         args = engine_args(model_path, cfg, dtype, max_model_len, seed, self.adapters)
         loggers = [lambda vllm_config, index: self._clock]
@@ -112,9 +116,9 @@ class Engine:
             self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
-        print(f"[engine] pool {pool!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
-              f"(vLLM imported in {t0 - since:.1f} s, core on a {core_kind(cfg)}: weights and KV cache "
-              f"{self.start_s:.1f} s)", flush=True)
+        log.info(f"[engine] pool {pool!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
+                 f"(vLLM imported in {t0 - since:.1f} s, core on a {core_kind(cfg)}: weights and KV cache "
+                 f"{self.start_s:.1f} s)")
         self._active = 0  # requests in flight
         self._finished = 0  # requests answered (the watchdog's sign of progress)
         self._busy_s = 0.0  # seconds with at least one request in flight
@@ -131,8 +135,8 @@ class Engine:
         can never serve again, so it exits with an error and Ray restarts it (engine.max_restarts).
         os._exit, not ray.actor.exit_actor: Ray does not restart an actor that exits on purpose."""
         if self._llm.errored and not self._shut_down:
-            print(f"[engine] pool {self.pool!r} engine {self._index}: vLLM's engine core died; exiting so Ray "
-                  f"restarts this engine", flush=True)
+            log.error(f"[engine] pool {self.pool!r} engine {self._index}: vLLM's engine core died; exiting so Ray "
+                      f"restarts this engine")
             os._exit(1)
 
     async def _current(self) -> None:
@@ -238,7 +242,7 @@ class Engine:
                 "bytes": float(sum(len(b) for b in buckets))}
 
     async def _load(self, version: int, buckets: list[bytes], policy: str | None = None) -> int:
-        from rollout.vllm_ext import WeightSyncExtension
+        from rollout.engine.worker_ext import WeightSyncExtension
 
         if policy in self.adapters:
             return await self._load_adapter(policy, version, buckets)
@@ -274,18 +278,18 @@ class Engine:
 
     @_dies_with_core
     async def weight_identities(self) -> list[str]:
-        """Each worker's device (rollout/weight_transport.py::device_identity), in tensor-parallel
+        """Each worker's device (rollout/weights/transport.py::device_identity), in tensor-parallel
         rank order: what the weight group's transport for it is chosen from."""
-        from rollout.vllm_ext import WeightSyncExtension
+        from rollout.engine.worker_ext import WeightSyncExtension
 
         return await self._llm.collective_rpc(WeightSyncExtension.tracerl_device_identity.__name__)
 
     @_dies_with_core
     async def open_weight_group(self, plan, first_member: int, timeout_s: float) -> list[str]:
-        """Join the base policy's weight group (trainer/weight_sync.py::CollectiveSync) as members
+        """Join the base policy's weight group (rollout/weights/sync.py::CollectiveSync) as members
         `first_member`.. (one per worker); learner rank 0 and the policy's other engines join at the
         same time. Returns each worker's transport."""
-        from rollout.vllm_ext import WeightSyncExtension
+        from rollout.engine.worker_ext import WeightSyncExtension
 
         await self._current()
         # pickled here: vLLM's RPC would turn the plan into a dict and cannot carry a CUDA IPC handle's types
@@ -296,7 +300,7 @@ class Engine:
     async def receive_weights(self, version: int, layout: list) -> dict[str, float]:
         """Take the base weights learner rank 0 sends over the weight group as `version`, in
         `layout` order, and load them in place (paused as in `update_weights`)."""
-        from rollout.vllm_ext import WeightSyncExtension
+        from rollout.engine.worker_ext import WeightSyncExtension
 
         await self._current()
         t0 = time.perf_counter()
@@ -310,7 +314,7 @@ class Engine:
         its entries for this adapter's id came from the old weights."""
         from vllm.lora.request import LoRARequest
 
-        from rollout.lora import write_adapter
+        from rollout.weights.lora_names import write_adapter
 
         folder = self._adapter_dir / policy
         lora_id = sorted(self.adapters).index(policy) + 1
@@ -353,7 +357,8 @@ class Engine:
         return {"pool": self.pool, "version": self.version, "adapter_versions": dict(self.adapter_versions),
                 "vocab_size": self.vocab_size,
                 "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
-                "busy_s": busy, "steps": self._clock.totals(), "active": self._active, "finished": self._finished, "pid": os.getpid(),
+                "busy_s": busy, "steps": self._clock.totals(), "active": self._active, "finished": self._finished,
+                "pid": os.getpid(),
                 "loading_s": None if self._loading_since is None else time.monotonic() - self._loading_since,
                 "loads_waiting": self._loads_waiting,
                 "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
@@ -363,27 +368,3 @@ class Engine:
         self._llm.shutdown()
         if self._adapter_dir is not None:
             shutil.rmtree(self._adapter_dir, ignore_errors=True)
-
-
-class WeightStore:
-    """The newest weights pushed to one policy's engines, for an engine that (re)starts (a Ray
-    actor, no CPU). Holds the ObjectRef of the pushed buckets, which keeps them in Ray's object
-    store; counts each engine's starts (restarts = starts - 1)."""
-
-    def __init__(self):
-        self.version = 0
-        self.buckets = None  # ObjectRef of the newest pushed buckets
-        self.starts: Counter[int] = Counter()
-
-    def publish(self, version: int, buckets: list) -> None:
-        """`buckets`: [ObjectRef] (in a list, so Ray hands over the reference, not the bytes)."""
-        self.version, self.buckets = version, buckets[0]
-
-    def checkout(self, index: int) -> tuple[int, list]:
-        """Engine `index` (re)started: the version to serve and [ObjectRef] of its weights ([] for
-        the model's own)."""
-        self.starts[index] += 1
-        return self.version, [self.buckets] if self.buckets is not None else []
-
-    def restarts(self) -> int:
-        return sum(n - 1 for n in self.starts.values())

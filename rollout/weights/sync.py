@@ -4,7 +4,7 @@
 every engine worker of the policy form one weight group, and rank 0 sends the
 parameters straight from its module into the engines, which load them in place
 with vLLM's layerwise reload. Each worker's transport comes from its device and
-rank 0's (rollout/weight_transport.py): CUDA IPC on the same GPU, NCCL on
+rank 0's (rollout/weights/transport.py): CUDA IPC on the same GPU, NCCL on
 another GPU, gloo on CPU. No serialisation, no object store on the way.
 
 `ObjectStoreSync` works everywhere and carries LoRA adapters: learner rank 0
@@ -19,15 +19,17 @@ Either way an engine tags its later outputs with the pushed version.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 import ray
 
-from rollout.weight_transport import OPEN_TIMEOUT_S, GroupPlan, Layout, choose_transport, dtype_of
-from trainer.learner_group import LearnerGroup
+from rollout.weights.transport import OPEN_TIMEOUT_S, GroupPlan, Layout, choose_transport, dtype_of
+
+log = logging.getLogger(__name__)
 
 
 class SyncMethod(StrEnum):
@@ -36,7 +38,7 @@ class SyncMethod(StrEnum):
     object_store = "object_store"  # safetensors buckets through Ray's object store
 
 
-class Transport(StrEnum):  # rollout/weight_transport.py::choose_transport
+class Transport(StrEnum):  # rollout/weights/transport.py::choose_transport
     auto = "auto"
     ipc = "ipc"
     nccl = "nccl"
@@ -56,8 +58,24 @@ class WeightSync(Protocol):
     def push(self, version: int) -> dict[str, float]: ...
 
 
+class Learners(Protocol):
+    """What a sync drives on one policy's learners (trainer/learner_group.py's LearnerGroup or its
+    AdapterLearners view): written here so that this layer need not import the trainer's."""
+
+    name: str
+    cfg: Any  # its LearnerConfig: call_timeout_s
+
+    def export_weights(self, bucket_bytes: int = ...) -> ray.ObjectRef: ...
+    def weight_layout(self, bucket_bytes: int = ...) -> Layout: ...
+    def weight_identity(self) -> str: ...
+    def weight_address(self) -> tuple[str, int]: ...
+    def prepare_weight_group(self, plan: GroupPlan, layout: Layout, timeout_s: float): ...
+    def open_weight_group(self) -> ray.ObjectRef: ...
+    def broadcast_weights(self, version: int, layout: Layout) -> list[ray.ObjectRef]: ...
+
+
 class ObjectStoreSync:
-    def __init__(self, learners: LearnerGroup, engines: list, bucket_bytes: int = 64 << 20,
+    def __init__(self, learners: Learners, engines: list, bucket_bytes: int = 64 << 20,
                  timeout_s: float = 600.0, store=None):
         self.learners = learners
         self.engines = list(engines)  # Engine actor handles of this policy
@@ -90,8 +108,8 @@ class ObjectStoreSync:
                 if self.store is None:
                     raise
                 # It died during the load: Ray restarts it, and it loads this version from the store.
-                print(f"[sync] engine {i} of policy {self.learners.name!r} died while loading version {version}; "
-                      f"it restarts with it", flush=True)
+                log.warning(f"[sync] engine {i} of policy {self.learners.name!r} died while loading version {version}; "
+                            f"it restarts with it")
         seconds = time.perf_counter() - t0
         nbytes = results[0]["bytes"] if results else 0.0
         return {"seconds": seconds, "export_seconds": t_export,
@@ -102,7 +120,7 @@ class ObjectStoreSync:
 
 class CollectiveSync:
     """Send from learner rank 0 straight into the engines' parameters over one weight group per
-    policy (rollout/weight_transport.py): each engine worker's transport (ipc on rank 0's GPU,
+    policy (rollout/weights/transport.py): each engine worker's transport (ipc on rank 0's GPU,
     nccl on another GPU, gloo on CPU) is chosen when the group opens, and logged. The group opens
     at start and again whenever an engine restarted (a new process is not in it); a push it cannot
     carry goes through the object store, and after the n-th failure in a row the group rests for
@@ -110,7 +128,7 @@ class CollectiveSync:
 
     MAX_REST = 64
 
-    def __init__(self, learners: LearnerGroup, engines: list, transport: str = "auto", bucket_bytes: int = 64 << 20,
+    def __init__(self, learners: Learners, engines: list, transport: str = "auto", bucket_bytes: int = 64 << 20,
                  timeout_s: float = 600.0, store=None):
         """`transport`: `sync.transport` (auto: from the devices); `store`: the policy's WeightStore,
         given a snapshot of every pushed version in the object store (what a restarted engine loads)."""
@@ -148,8 +166,8 @@ class CollectiveSync:
         self.members = self._pids()
         if opened != self.transports:
             for i, (ts, ws) in enumerate(zip(opened, workers)):
-                print(f"[sync] policy {self.learners.name!r}: engine {i} takes weights over {'+'.join(ts)} "
-                      f"(learner rank 0 on {sender}; its workers on {', '.join(ws)})", flush=True)
+                log.info(f"[sync] policy {self.learners.name!r}: engine {i} takes weights over {'+'.join(ts)} "
+                         f"(learner rank 0 on {sender}; its workers on {', '.join(ws)})")
         self.transports = opened
 
     def _resting(self) -> bool:
@@ -202,9 +220,9 @@ class CollectiveSync:
             self.rest_members = self._pids()
         except (ray.exceptions.RayError, TimeoutError):
             self.rest_members, self.rest = None, 0  # an engine is down: its restart reopens the group
-        print(f"[sync] the weight group of policy {self.learners.name!r} could not carry version {version} "
-              f"({type(error).__name__}: {str(error)[:200]}); sending it through the object store, and the next "
-              f"{self.rest} pushes too unless an engine restarts", flush=True)
+        log.warning(f"[sync] the weight group of policy {self.learners.name!r} could not carry version {version} "
+                    f"({type(error).__name__}: {str(error)[:200]}); sending it through the object store, and the next "
+                    f"{self.rest} pushes too unless an engine restarts")
         return {**self.fallback.push(version), "fallbacks": 1.0}
 
 

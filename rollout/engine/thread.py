@@ -7,7 +7,7 @@ engine (vLLM's `LLMEngine` over its `InprocClient`) runs on one thread that owns
 actor's asyncio side talks to that thread through a queue of calls: one vLLM import per engine,
 and an engine that dies or is killed is one process, gone at once.
 
-It offers the part of AsyncLLM's interface `rollout.engine.Engine` uses, with the same meaning:
+It offers the part of AsyncLLM's interface `rollout.engine.engine.Engine` uses, with the same meaning:
 `generate` (the final output only: every request the Engine makes asks for FINAL_ONLY),
 `pause_generation` / `resume_generation` (`wait`: requests in flight finish first; `keep`: they
 are frozen and go on after; requests that arrive while paused wait for the resume),
@@ -26,8 +26,9 @@ import concurrent.futures
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class EngineThreadDied(RuntimeError):

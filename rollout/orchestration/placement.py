@@ -13,7 +13,10 @@ can all land on one GPU must also leave it headroom (their shares add up below 1
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 PRESETS = {"local": "CPU only", "gpu": "one GPU: the engines and one learner rank share it",
            "gpu_node": "one node of N GPUs: a GPU for each engine and each learner rank"}
@@ -184,5 +187,5 @@ def with_cluster_for_this_machine(argv: list[str]) -> list[str]:
     printing which. It goes first: hydra's flags (--cfg job) may end the command line."""
     extra, line = pick_cluster(argv[1:], visible_gpus(None))
     if line:
-        print(line, flush=True)
+        log.info(line)
     return argv[:1] + extra + argv[1:]

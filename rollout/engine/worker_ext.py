@@ -5,19 +5,19 @@ calls it through `collective_rpc`. Weights arrive as safetensors-serialised
 bytes, because tensors passed as RPC arguments arrive as plain lists in
 vLLM's multiprocess mode. Imports stay inside the method: this module is
 imported by vLLM's worker process, which may not have our packages' deps
-loaded yet (rollout.lora_cpu needs only torch and vLLM).
+loaded yet (rollout.engine.lora_ops needs only torch and vLLM).
 """
 
 from __future__ import annotations
 
 from vllm.platforms import current_platform
 
-from rollout import lora_cpu
+from rollout.engine import lora_ops
 
 # this module is imported in the engine's worker process before its first forward: the CPU
-# backend's LoRA ops are replaced there (rollout/lora_cpu.py says why; CUDA has its own kernels)
+# backend's LoRA ops are replaced there (rollout/engine/lora_ops.py says why; CUDA has its own kernels)
 if current_platform.is_cpu():
-    lora_cpu.install()
+    lora_ops.install()
 
 
 def _quiet_expected_reload_warnings(tied: bool):
@@ -54,17 +54,17 @@ class WeightSyncExtension:
 
     def tracerl_device_identity(self) -> str:
         """This worker's device, for the transport learner rank 0 sends it weights over."""
-        from rollout.weight_transport import device_identity
+        from rollout.weights.transport import device_identity
 
         return device_identity(self._tracerl_device())
 
     def tracerl_open_weight_group(self, plan: bytes, first_member: int, timeout_s: float) -> str:
-        """Join the policy's weight group (rollout/weight_group.py) as member `first_member` + this
+        """Join the policy's weight group (rollout/weights/group.py) as member `first_member` + this
         worker's tensor-parallel rank (each worker of an engine receives the full weights); returns
         the transport the plan (pickled by our Engine actor) gives it."""
         import pickle
 
-        from rollout.weight_group import WeightGroup
+        from rollout.weights.group import WeightGroup
 
         plan = pickle.loads(plan)
         old, self._tracerl_group = getattr(self, "_tracerl_group", None), None

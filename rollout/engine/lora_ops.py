@@ -10,7 +10,7 @@ batch that mixes base-model and adapter requests the base tokens get the last sl
 These replacements keep the signatures and the semantics of the GPU kernels: tokens are grouped
 by adapter (one `x[rows] @ W.T` per adapter in the batch, usually one or two), and tokens with
 index -1 get no LoRA term. `install()` puts them into vLLM's CPU punica wrapper; it runs in the
-engine's worker process (rollout/vllm_ext.py imports this module there). The GPU path does not
+engine's worker process (rollout/engine/worker_ext.py imports this module there). The GPU path does not
 use these functions.
 """
 

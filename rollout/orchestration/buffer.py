@@ -74,7 +74,7 @@ class TraceBuffer:
             try:
                 await asyncio.wait_for(self._cond.wait_for(
                     lambda: len(self._ready) >= num_groups or call <= self._interrupted), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
         self.counts["groups_taken"] += len(taken)

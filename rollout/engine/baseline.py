@@ -12,7 +12,7 @@ import time
 import uuid
 
 from rollout.config import EngineConfig, SamplingConfig
-from rollout.engine_args import _vllm_env, bind_cpu_cores, core_kind, engine_args, sampling_params
+from rollout.engine.args import _vllm_env, bind_cpu_cores, core_kind, engine_args, sampling_params
 
 
 def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,
@@ -23,7 +23,7 @@ def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConf
     bind_cpu_cores(engine)  # the cores the fleets' engines take (engine.cpu_cores)
     args = engine_args(model_path, engine, dtype)
     if core_kind(engine) == "thread":
-        from rollout.engine_thread import ThreadedLLM
+        from rollout.engine.thread import ThreadedLLM
 
         llm = ThreadedLLM(args, start_timeout_s=engine.start_timeout_s)
     else:

@@ -1,6 +1,6 @@
 """What a vLLM engine is built with: its engine arguments, sampling parameters, process settings
 (log level, CPU core binding) and where its engine core runs (`engine.core`). Nothing here starts
-an engine; rollout/engine.py does.
+an engine; rollout/engine/engine.py does.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import re
 import warnings
 
 from rollout.config import EngineConfig, LoraConfig, SamplingConfig
+
 
 def core_kind(cfg: EngineConfig) -> str:
     """Where this engine's vLLM engine core runs (`engine.core`): "thread" or "process"."""
@@ -67,7 +68,7 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
     _vllm_env(cfg.vllm_log_level)
     from vllm import AsyncEngineArgs
 
-    from rollout.lora import vllm_max_rank
+    from rollout.weights.lora_names import vllm_max_rank
 
     lora = ({"enable_lora": True, "max_loras": len(adapters), "max_cpu_loras": len(adapters),
              "max_lora_rank": vllm_max_rank([a.rank for a in adapters.values()])} if adapters else {})
@@ -83,7 +84,7 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
         # Log-probs of the distribution actually sampled from (after temperature),
         # which is the behaviour policy the learner's importance ratio needs.
         logprobs_mode="processed_logprobs",
-        worker_extension_cls="rollout.vllm_ext.WeightSyncExtension",
+        worker_extension_cls="rollout.engine.worker_ext.WeightSyncExtension",
         enable_prefix_caching=True,
         # TP 1: one engine-core process with the worker inside it. TP > 1: one worker process per
         # rank on this actor's own devices; left to itself (None), vLLM 0.32 picks its Ray executor

@@ -22,7 +22,7 @@ from collections import Counter
 import ray
 
 from rollout.config import SamplingConfig
-from rollout.engine import Completion
+from rollout.engine.engine import Completion
 
 
 class EngineError(RuntimeError):
@@ -61,7 +61,7 @@ class Router:
             except asyncio.CancelledError:  # the caller gave up (its episode's deadline, a client that left)
                 ray.cancel(ref)  # so does the engine: vLLM aborts the request
                 raise
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 ray.cancel(ref)
                 raise EngineError(f"engine {index} of policy {self.policy!r} did not answer a request "
                                   f"within engine.request_timeout_s={self.timeout_s}") from None

@@ -1,4 +1,4 @@
-"""One member's end of a policy's weight group (rollout/weight_transport.py says who takes what).
+"""One member's end of a policy's weight group (rollout/weights/transport.py says who takes what).
 
 Member 0, learner rank 0, hosts the TCPStore and `send`s; every engine worker `receive`s. The
 process group (nccl or gloo members) carries one broadcast per tensor; the ipc members read each
@@ -12,10 +12,9 @@ from __future__ import annotations
 import datetime
 import math
 import os
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
-from rollout.weight_transport import (OPEN_TIMEOUT_S, GroupPlan, Layout, attach, dtype_of, offsets,
-                                      release)
+from rollout.weights.transport import OPEN_TIMEOUT_S, GroupPlan, Layout, attach, dtype_of, offsets, release
 
 
 class WeightGroup:

@@ -19,17 +19,20 @@ and has Ray restart one that does not answer within `engine.health_timeout_s`
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import ray
 
-from rollout.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
 from rollout.config import RolloutJobConfig, SamplingConfig
 from rollout.models import resolve_model
-from rollout.router import actor_state, wait_until_restarted
+from rollout.orchestration.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
+from rollout.orchestration.router import actor_state, wait_until_restarted
 from rollout.trace import Trace
+
+log = logging.getLogger(__name__)
 
 
 class RolloutFleet:
@@ -58,7 +61,8 @@ class RolloutFleet:
             self.pools = spawn_engines(
                 {name: (self.model_paths[ps[0]], models[ps[0]], cfg.pool_engine(ps)) for name, ps in pools.items()},
                 seed=cfg.seed, stores={name: {p: self.stores[p] for p in ps} for name, ps in pools.items()},
-                adapters={name: {p: cfg.policy_lora(p) for p in ps if cfg.policy_lora(p)} for name, ps in pools.items()})
+                adapters={name: {p: cfg.policy_lora(p) for p in ps if cfg.policy_lora(p)}
+                          for name, ps in pools.items()})
             self.engines = {p: self.pools[name] for name, ps in pools.items() for p in ps}
             infos = ray.get([pool[0].info.remote() for pool in self.engines.values()], timeout=60)
             self.vocab_sizes = {p: info["vocab_size"] for p, info in zip(self.engines, infos)}
@@ -132,9 +136,10 @@ class RolloutFleet:
         if not wait_until_restarted(self.workers[worker], "stats", limit):
             raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it within "
                                f"rollout.worker_restart_timeout_s={limit} (killed for good, or past "
-                               f"rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): {error}") from error
+                               f"rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): "
+                               f"{error}") from error
         self.worker_restarts += 1
-        print(f"[rollout] worker {worker} died ({type(error).__name__}); {then}", flush=True)
+        log.warning(f"[rollout] worker {worker} died ({type(error).__name__}); {then}")
 
     def _short(self, why: str, groups: list, num_groups: int) -> str:
         return (f"rollout: {why} with {len(groups)}/{num_groups} complete groups; buffer: "
@@ -237,13 +242,13 @@ class RolloutFleet:
         if verdict in ("busy", "loading"):
             why = ("it finished requests meanwhile" if verdict == "busy" else
                    f"it is loading weights (within engine.sync_timeout_s={cfg.sync_timeout_s})")
-            print(f"[rollout] engine {index} of {pool!r}: a health probe waited over engine.health_timeout_s="
-                  f"{cfg.health_timeout_s}, but {why}: {verdict}, not hung", flush=True)
+            log.info(f"[rollout] engine {index} of {pool!r}: a health probe waited over engine.health_timeout_s="
+                     f"{cfg.health_timeout_s}, but {why}: {verdict}, not hung")
         if verdict not in ("hung", "broken"):
             return
-        print(f"[rollout] engine {index} of {pool!r} " + (
+        log.warning(f"[rollout] engine {index} of {pool!r} " + (
             f"did not answer a health probe within engine.health_timeout_s={cfg.health_timeout_s}"
-            if verdict == "hung" else "answered a health probe with an error") + ": restarting it", flush=True)
+            if verdict == "hung" else "answered a health probe with an error") + ": restarting it")
         self.hung_restarts += 1
         ray.kill(engine, no_restart=False)
         time.sleep(1.0)  # let Ray see it die before asking for it

@@ -25,7 +25,7 @@ Tools. Tool definitions and tool calls go through the chat template when it
 renders them; otherwise the gateway describes the tools in the system
 message and asks for `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 (the Hermes convention many templates use natively). Tool calls are parsed
-out of the generated text either way.
+out of the generated text either way (rollout/agents/tool_calls.py).
 
 Sampling honesty. `temperature`, `max_tokens` / `max_completion_tokens`,
 `stop`, `n` and `seed` (ignored: calls are seeded from the run's seed) are
@@ -34,7 +34,8 @@ taken; settings whose distribution the learner cannot reproduce (`top_p` < 1,
 refused with an OpenAI-style 400 error that says why, as are fields the
 gateway does not implement (`logprobs`, `chat_template_kwargs`, ...).
 `max_tokens` is clamped to the context the prompt leaves (the agent's
-`max_model_len`), and a prompt that does not fit is a 400, as in vLLM's server.
+`max_model_len`), and a prompt that does not fit is a 400, as in vLLM's server. The request checks,
+message normalisation and the SSE stream are rollout/agents/messages.py; this module serves and keeps sessions.
 
 Model and agent text is hostile input (issue 26). Each session has its own
 key: every request needs `Authorization: Bearer <Session.api_key>` (the
@@ -56,117 +57,17 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from rollout.client import Agent
-from rollout.router import EngineError
+from rollout.agents.messages import RequestError, error_response, normalize, request_tools, sampling_args, sse_events
+from rollout.agents.tool_calls import native_tools, parse_tool_calls, template_messages
+from rollout.orchestration.router import EngineError
+
+if TYPE_CHECKING:  # the Agent's module imports this one (an Agent hands its harness the gateway)
+    from rollout.agents.client import Agent
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is read whole
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_TOOL_PROMPT = ("You can call the functions below. To call one, reply with only\n<tool_call>\n"
-                '{"name": "<function name>", "arguments": {<arguments as JSON>}}\n</tool_call>\n'
-                "and you will get its result in the next message.\nFunctions:\n")
-
-
-class RequestError(Exception):
-    """A request the gateway refuses: becomes an OpenAI-style error response."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
-        super().__init__(message)
-        self.param, self.status, self.code = param, status, code
-
-    def response(self):
-        return _error(str(self), self.status, self.param, self.code)
-
-
-def _error(message: str, status: int, param: str | None = None, code: str | None = None):
-    """An error response with OpenAI's body, which SDKs parse into their exception's message."""
-    from starlette.responses import JSONResponse
-
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                        status_code=status)
-
-
-# ---- messages ------------------------------------------------------------------------------
-
-def _text(content: Any, where: str) -> str:
-    """A message's content as text: a string, None, or a list of text parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text", "")) for p in content)
-    raise RequestError(f"{where}.content must be a string or a list of text parts (no images or audio)", where)
-
-
-def normalize(messages: Any) -> list[dict]:
-    """The request's messages in the one form they are compared and rendered in:
-    {"role", "content"} (+ "tool_calls": [{"id", "name", "arguments"}] on assistant turns)."""
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages must be a non-empty list", "messages")
-    out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-            raise RequestError(f"{where} needs a role of system, developer, user, assistant or tool", where)
-        msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": _text(m.get("content"), where)}
-        calls = m.get("tool_calls") or []
-        if calls:
-            try:
-                msg["tool_calls"] = [{"id": c.get("id"), "name": c["function"]["name"],
-                                      "arguments": c["function"].get("arguments") or "{}"} for c in calls]
-                if not all(isinstance(c["arguments"], str) for c in msg["tool_calls"]):
-                    raise TypeError
-            except (AttributeError, KeyError, TypeError):
-                raise RequestError(f"{where}.tool_calls must be a list of {{id, function: {{name, arguments}}}} "
-                                   f"with arguments a JSON string", where) from None
-        out.append(msg)
-    return out
-
-
-def _call_text(call: dict) -> str:
-    try:
-        arguments = json.loads(call["arguments"])
-    except (TypeError, ValueError, RecursionError):
-        arguments = call["arguments"]
-    return "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": arguments}) + "\n</tool_call>"
-
-
-def _tool_blocks(text: str):
-    """(start, end, stripped inner text) of each `<tool_call>...</tool_call>` block, found with
-    str.find: linear in the text. (The regex `<tool_call>\\s*(.*?)\\s*</tool_call>` this replaces
-    backtracked cubically: `<tool_call>` + 2,000 spaces of model output took ~8 s on the worker's
-    event loop, which no deadline can pre-empt.)"""
-    pos = 0
-    while (start := text.find(_OPEN, pos)) != -1:
-        end = text.find(_CLOSE, start + len(_OPEN))
-        if end == -1:  # no close after this opening, so none after any later one: stop, do not rescan
-            return
-        yield start, end + len(_CLOSE), text[start + len(_OPEN):end].strip()
-        pos = end + len(_CLOSE)
-
-
-def parse_tool_calls(text: str, session: str, counter: int) -> tuple[str | None, list[dict]]:
-    """Split generated text into its content and the tool calls in it (`<tool_call>{json}</tool_call>`).
-    A block that is not a JSON object with a name stays in the content."""
-    calls, kept, last = [], [], 0
-    for start, end, inner in _tool_blocks(text):
-        try:
-            obj = json.loads(inner)
-            name, arguments = obj["name"], obj.get("arguments", {})
-            if not isinstance(name, str):
-                raise TypeError
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            continue
-        kept.append(text[last:start])
-        last = end
-        calls.append({"id": f"call_{session[:8]}_{counter + len(calls)}", "name": name,
-                      "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
-    content = ("".join(kept) + text[last:]).strip() if calls else text
-    return (content or None) if calls else content, calls
 
 
 # ---- sessions ------------------------------------------------------------------------------
@@ -313,7 +214,7 @@ class Gateway:
         from starlette.routing import Route
 
         async def http_error(request, e):  # unknown paths and methods: JSON too
-            return _error(str(e.detail), e.status_code)
+            return error_response(str(e.detail), e.status_code)
 
         return Starlette(routes=[
             Route("/s/{session}/{role}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
@@ -332,12 +233,12 @@ class Gateway:
                 return e.response()
             except EngineError as e:
                 self._fail(request, e)
-                return _error(f"the model's engine failed this request ({e}); tracerl runs the episode again",
+                return error_response(f"the model's engine failed this request ({e}); tracerl runs the episode again",
                               503, code="engine_unavailable")
             except Exception as e:
                 log.exception("gateway request %s failed", request.url.path)
                 self._fail(request, e)
-                return _error(f"internal error of the tracerl gateway: {type(e).__name__}: {e}", 500)
+                return error_response(f"internal error of the tracerl gateway: {type(e).__name__}: {e}", 500)
 
         return endpoint
 
@@ -386,7 +287,7 @@ class Gateway:
         if result is None:  # the client left: its generations were aborted, nothing was recorded
             return Response(status_code=499)
         if body.get("stream"):
-            return StreamingResponse(_sse(result, body), media_type="text/event-stream")
+            return StreamingResponse(sse_events(result, body), media_type="text/event-stream")
         return JSONResponse(result)
 
     # ---- completions ---------------------------------------------------------------------
@@ -394,9 +295,9 @@ class Gateway:
     async def complete(self, session: Session, role: str, body: dict) -> dict:
         """One chat completion request of `role` in `session`: its prompt ids (continued or fresh),
         one Agent call per choice, the OpenAI response body."""
-        sampling = _sampling(body)
+        sampling = sampling_args(body)
         n = sampling.pop("n")
-        tools = _tools(body)
+        tools = request_tools(body)
         messages = normalize(body.get("messages"))
         slot = session.roles[role]
         fmt = slot.agent.format
@@ -447,8 +348,8 @@ def _prompt(slot: _Role, messages: list[dict], tools: list[dict] | None) -> tupl
         for call in reversed(slot.calls):
             k = len(call.history)
             if len(messages) > k and messages[:k] == call.history:
-                return call.ids + fmt.continuation(call.ids, _template_messages(messages[k:], fmt, None)), call.index
-        return fmt.render(_template_messages(messages, fmt, tools), tools=_native_tools(fmt, tools)), None
+                return call.ids + fmt.continuation(call.ids, template_messages(messages[k:], fmt, None)), call.index
+        return fmt.render(template_messages(messages, fmt, tools), tools=native_tools(fmt, tools)), None
     except (TemplateError, TypeError, ValueError, RecursionError) as e:
         raise RequestError(f"the chat template could not render these messages: {type(e).__name__}: {e}",
                            "messages") from None
@@ -456,7 +357,7 @@ def _prompt(slot: _Role, messages: list[dict], tools: list[dict] | None) -> tupl
 
 async def _unless_disconnected(request, work):
     """Await `work`, unless the client disconnects first: then it is cancelled (its engine requests
-    are aborted, see rollout/router.py) and None is returned."""
+    are aborted, see rollout/orchestration/router.py) and None is returned."""
     work = asyncio.ensure_future(work)
 
     async def gone():
@@ -496,130 +397,3 @@ async def _json(request, limit: int) -> dict:
     return body
 
 
-# Settings that change the sampled distribution in ways the learner does not reproduce, and the
-# values that leave it alone (absent, or one of these).
-_REFUSED = {"top_p": (1,), "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,),
-            "repetition_penalty": (1,), "min_p": (0,), "top_k": (-1, 0), "response_format": ({"type": "text"},),
-            "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-            "structured_outputs": (), "min_tokens": (0,), "bad_words": ([],), "allowed_token_ids": ()}
-# Fields this gateway does not implement (rather than answer as if they had been taken).
-_UNIMPLEMENTED = {"logprobs": (False,), "top_logprobs": (0,), "chat_template_kwargs": ({},),
-                  "continue_final_message": (False,), "add_generation_prompt": (True,), "echo": (False,)}
-
-
-def _sampling(body: dict) -> dict:
-    """The Agent.generate keyword arguments of a request (+ n), or a RequestError saying why not."""
-    for key, neutral in _REFUSED.items():
-        value = body.get(key)
-        if value is not None and value not in neutral:
-            raise RequestError(f"{key}={str(value)[:100]} is not supported: the learner scores each token under "
-                               f"the model's full distribution at the sampling temperature, and cannot reproduce "
-                               f"{key}; leave it out", key)
-    for key, neutral in _UNIMPLEMENTED.items():
-        value = body.get(key)
-        if value is not None and value not in neutral:
-            raise RequestError(f"{key}={str(value)[:100]} is not supported by tracerl's gateway; leave it out", key)
-    if not isinstance(body.get("stream_options") or {}, dict):
-        raise RequestError("stream_options must be an object", "stream_options")
-    out: dict[str, Any] = {}
-    temperature = body.get("temperature")
-    if temperature is not None:
-        if type(temperature) not in (int, float) or not 0 <= temperature <= 2:
-            raise RequestError("temperature must be a number in [0, 2]", "temperature")
-        out["temperature"] = float(temperature)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None:
-        if type(max_tokens) is not int or max_tokens < 1:
-            raise RequestError("max_tokens must be a positive integer", "max_tokens")
-        out["max_tokens"] = max_tokens
-    stop = body.get("stop")
-    if stop is not None:
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise RequestError("stop must be a string or a list of strings", "stop")
-        out["stop"] = stop
-    n = body.get("n", 1)
-    if type(n) is not int or not 1 <= n <= 16:
-        raise RequestError("n must be an integer in [1, 16]", "n")
-    out["n"] = n
-    return out
-
-
-def _tools(body: dict) -> list[dict] | None:
-    tools = body.get("tools")
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise RequestError(f"tool_choice={choice!r} is not supported: forcing a call needs constrained decoding, "
-                           f"which the learner cannot reproduce; use 'auto'", "tool_choice")
-    if not tools or choice == "none":
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function"
-                                              and isinstance(t.get("function"), dict)
-                                              and isinstance(t["function"].get("name"), str) for t in tools):
-        raise RequestError("tools must be a list of {type: function, function: {name, description, parameters}}",
-                           "tools")
-    return tools
-
-
-def _native_tools(fmt, tools: list[dict] | None) -> list[dict] | None:
-    """The tools to hand the chat template, if it renders tools itself."""
-    return tools if tools and fmt.renders_tools else None
-
-
-def _template_messages(messages: list[dict], fmt, tools: list[dict] | None) -> list[dict]:
-    """Messages as the chat template takes them. A template that does not render tools gets them
-    as text: the tool list in the system message, each tool call as a <tool_call> block."""
-    native = fmt.renders_tools
-    out = []
-    for m in messages:
-        msg = {"role": m["role"], "content": m["content"]}
-        if m.get("tool_calls"):
-            if native:
-                msg["tool_calls"] = [{"id": c["id"], "type": "function",
-                                      "function": {"name": c["name"], "arguments": _arguments(c)}}
-                                     for c in m["tool_calls"]]
-            else:
-                blocks = [_call_text(c) for c in m["tool_calls"]]
-                msg["content"] = "\n".join([m["content"], *blocks] if m["content"] else blocks)
-        out.append(msg)
-    if tools and not native:
-        described = _TOOL_PROMPT + "\n".join(json.dumps(t["function"]) for t in tools)
-        if out and out[0]["role"] == "system":
-            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + described}
-        else:
-            out.insert(0, {"role": "system", "content": described})
-    return out
-
-
-def _arguments(call: dict) -> Any:
-    """A tool call's arguments as the JSON value a template that renders tool calls takes."""
-    try:
-        return json.loads(call["arguments"])
-    except (ValueError, RecursionError):
-        raise RequestError(f"the arguments of tool call {call['name']!r} are not JSON: {call['arguments'][:200]!r}",
-                           "messages") from None
-
-
-def _sse(result: dict, body: dict):
-    """The response as server-sent chat.completion.chunk events (whole choices: the engine answers
-    a request once it is complete)."""
-    async def events():
-        base = {"id": result["id"], "object": "chat.completion.chunk", "created": result["created"],
-                "model": result["model"]}
-        for choice in result["choices"]:
-            msg = choice["message"]
-            delta: dict[str, Any] = {"role": "assistant", "content": msg["content"]}
-            if msg.get("tool_calls"):
-                delta["tool_calls"] = [{"index": k, **t} for k, t in enumerate(msg["tool_calls"])]
-            yield _event({**base, "choices": [{"index": choice["index"], "delta": delta, "finish_reason": None}]})
-            yield _event({**base, "choices": [{"index": choice["index"], "delta": {},
-                                               "finish_reason": choice["finish_reason"]}]})
-        if (body.get("stream_options") or {}).get("include_usage"):
-            yield _event({**base, "choices": [], "usage": result["usage"]})
-        yield "data: [DONE]\n\n"
-
-    return events()
-
-
-def _event(obj: dict) -> str:
-    return f"data: {json.dumps(obj)}\n\n"

@@ -1,26 +1,30 @@
 """Driver-side helpers that start Ray and spawn the rollout actors with resources from config.
 
 The actor classes themselves stay plain Python (testable without Ray); this
-is the one place that decides where they run. `rollout/fleet.py` composes
+is the one place that decides where they run. `rollout/orchestration/fleet.py` composes
 them into the rollout side of a run.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 import os
 import sys
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
-from rollout.buffer import TraceBuffer
 from rollout.config import EngineConfig, LoraConfig, ModelConfig, RayConfig, RolloutJobConfig
-from rollout.engine import Engine, WeightStore
-from rollout.placement import Ask, actor_options, check_gpu_count, visible_gpus
-from rollout.worker import RolloutWorker
+from rollout.engine.engine import Engine
+from rollout.orchestration.buffer import TraceBuffer
+from rollout.orchestration.placement import Ask, actor_options, check_gpu_count, visible_gpus
+from rollout.orchestration.worker import RolloutWorker
+from rollout.weights.store import WeightStore
+
+log = logging.getLogger(__name__)
 
 
 def start_ray(cfg: RayConfig, cpus_asked: float = 0.0, asks: list[Ask] = ()) -> None:
@@ -46,23 +50,24 @@ def local_cpus(cfg: RayConfig, cpus_asked: float) -> int:
     return cfg.num_cpus or max(os.cpu_count() or 1, math.ceil(cpus_asked))
 
 
-def run_job(dcfg, validate: Callable[[Any], None], job: Callable[[Any], dict]) -> None:
+def run_job(dcfg, validate: Callable[[Any], None], job: Callable[[Any], dict]) -> dict:
     """What every entry point does with the config Hydra composed: convert it to the typed
-    schema and validate it (a bad one exits 2 with `config error: ...`, before Ray starts), run
-    the job, shut Ray down whatever happens, and print the job's summary as the last line (JSON)."""
+    schema and validate it (a bad one exits 2 with `config error: ...` logged, before Ray starts),
+    run the job and shut Ray down whatever happens. Returns the job's summary, which the script
+    prints as its last line (JSON)."""
     from omegaconf import OmegaConf
 
     try:
         cfg = OmegaConf.to_object(dcfg)
         validate(cfg)
     except ValueError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        log.error(f"config error: {e}")
         sys.exit(2)
     try:
         summary = job(cfg)
     finally:
         ray.shutdown()
-    print(json.dumps(summary))
+    return summary
 
 
 def await_started(actors: list, ready: list, timeout_s: float, what: str, resources: dict) -> list:
@@ -80,7 +85,8 @@ def await_started(actors: list, ready: list, timeout_s: float, what: str, resour
 
 
 def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed: int = 0,
-                  stores: dict | None = None, adapters: dict[str, dict[str, LoraConfig]] | None = None) -> dict[str, list]:
+                  stores: dict | None = None,
+                  adapters: dict[str, dict[str, LoraConfig]] | None = None) -> dict[str, list]:
     """Start every pool's engines at once — `pool: (model folder, model, engine settings)`,
     `num_engines` Engine actors each, with that pool's Ray resources — and wait until all are up.
     `stores`: pool -> {policy: WeightStore} of the policies it takes weight pushes of (see
@@ -127,7 +133,8 @@ def spawn_workers(cfg: RolloutJobConfig, engines: dict[str, list], model_paths: 
     and wait until they are up (a harness or task source that fails to load fails here)."""
     cls = ray.remote(num_cpus=0)(RolloutWorker)
     workers = [cls.options(max_concurrency=1000, max_restarts=cfg.rollout.max_worker_restarts,
-                           name=f"tracerl-worker-{i}-{uuid.uuid4().hex[:8]}").remote(i, cfg, engines, model_paths, buffer)
+                           name=f"tracerl-worker-{i}-{uuid.uuid4().hex[:8]}").remote(i, cfg, engines, model_paths,
+                                                                                     buffer)
                for i in range(cfg.rollout.num_workers)]
     await_started(workers, [w.stats.remote() for w in workers], start_timeout_s, "rollout workers", {"num_cpus": 0})
     return workers

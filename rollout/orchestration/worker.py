@@ -16,9 +16,11 @@ from typing import Any
 
 from harnesses.base import as_result, collect_scoring_notes, load_harness
 from harnesses.scoring import ScoringScope
-from rollout.client import Agent, ChatFormat, TraceRecorder
+from rollout.agents.client import Agent, ChatFormat, TraceRecorder
+from rollout.agents.gateway import Gateway
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
-from rollout.router import EngineError, Router
+from rollout.log import setup_logging
+from rollout.orchestration.router import EngineError, Router
 from rollout.trace import Trace, TraceError
 
 
@@ -33,6 +35,7 @@ class RolloutWorker:
                  model_paths: dict[str, str], buffer):
         """`engines` (Engine actor handles) and `model_paths` (tokenizers) are keyed by policy;
         `cfg.agents` maps role -> policy."""
+        setup_logging()  # this actor's process (harnesses log too)
         self.worker_id = worker_id
         self.harness = load_harness(cfg.harness._target_)
         self.harness_options = dict(cfg.harness.options)
@@ -81,7 +84,7 @@ class RolloutWorker:
         recorder = TraceRecorder(f"{group}#{sample}")
         agents = {role: Agent(role, policy, self.routers[policy], self.formats[policy], recorder,
                               sampling or self.sampling, seed=self.seed, trainable=self.trainable[policy],
-                              max_model_len=self.max_model_len[policy])
+                              max_model_len=self.max_model_len[policy], gateway=Gateway.shared)
                   for role, policy in self.agents.items()}
         start = time.time()
         status, error, result, engine_failed = "ok", None, None, False

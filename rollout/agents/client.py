@@ -21,10 +21,12 @@ import dataclasses
 import json
 import zlib
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from rollout.agents.gateway import Gateway
 from rollout.config import SamplingConfig
-from rollout.engine import Completion
+from rollout.engine.engine import Completion
 from rollout.trace import Sequence
 
 Message = dict[str, str]  # {"role": ..., "content": ...}
@@ -125,16 +127,20 @@ class Agent:
 
     def __init__(self, role: str, policy: str, backend: Backend, chat_format: ChatFormat,
                  recorder: TraceRecorder, sampling: SamplingConfig, seed: int | None = None,
-                 trainable: bool = True, max_model_len: int | None = None):
+                 trainable: bool = True, max_model_len: int | None = None,
+                 gateway: Callable[[], Awaitable[Gateway]] = Gateway.shared):
         """`seed`: if set, every call samples with a seed derived from it, the trace id,
         the role and the call's number, so a rollout can be replayed exactly. `trainable`:
         whether `policy` is trained (recorded on every sequence). `max_model_len`: the policy's
         context (model.max_model_len), which the gateway clamps an agent's max_tokens to (None:
-        no clamp)."""
+        no clamp). `gateway`: the factory of the process's OpenAI-compatible endpoint, for
+        harnesses that run agents written against other APIs (harnesses/openai_agent.py); the
+        rollout worker hands it in, so that harnesses never import rollout/."""
         self.role = role
         self.policy = policy
         self.trainable = trainable
         self.max_model_len = max_model_len
+        self.gateway = gateway
         self.format = chat_format
         self._backend = backend
         self._recorder = recorder

@@ -1,6 +1,6 @@
 """How a policy's weights travel from learner rank 0 into every engine worker.
 
-`trainer/weight_sync.py::CollectiveSync` opens one `WeightGroup` per trained policy: member 0 is
+`rollout/weights/sync.py::CollectiveSync` opens one `WeightGroup` per trained policy: member 0 is
 learner rank 0 (it hosts the TCPStore), members 1.. are the policy's engine workers. Each member
 takes the weights over the transport its device and rank 0's call for, chosen once at group start
 (`choose_transport`):
@@ -13,7 +13,7 @@ takes the weights over the transport its device and rank 0's call for, chosen on
   member of these two kinds, built on the group's own store outside torch's default group, so
   neither DeepSpeed's group in the learner nor vLLM's in the engine worker is touched.
 
-This module holds the choice, the plan and the staging buffers; rollout/weight_group.py the group
+This module holds the choice, the plan and the staging buffers; rollout/weights/group.py the group
 and its push. Both sides import them (the engine side inside vLLM's worker process;
 scripts/gpu_check_transport.py on a bare GPU box), so they need torch only.
 """

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rollout.config import VLLM_LORA_RANKS, LoraConfig
 
+
 def peft_config(lora: LoraConfig, base_model: str):
     """The peft.LoraConfig of `lora` on `base_model` (a causal LM). PEFT's default init leaves
     lora_B zero, so an untrained adapter is exactly its base model."""

@@ -39,6 +39,21 @@ def _vllm_env(log_level: str = "ERROR") -> None:
     logging.getLogger("torch").setLevel(logging.ERROR)
 
 
+def eager_sampler_on_cpu(cfg: EngineConfig) -> None:
+    """On CPU with `engine.enforce_eager` (the default) the one torch.compile left on vLLM's path is
+    its sampler's log-prob rank count (vllm/v1/sample/ops/logprobs.py), which Inductor builds on the
+    engine's first request: ~1.8 s of every engine start, for a kernel that spares one boolean copy
+    of the logits. Dynamo off in this process (and a spawned engine core): the count runs eagerly,
+    the same tokens and log-probs (tests/rollout/test_engine.py). GPU engines, and
+    `enforce_eager=false` (vLLM compiles the model then), keep torch.compile."""
+    if cfg.num_gpus > 0 or not cfg.enforce_eager:
+        return
+    os.environ["TORCH_COMPILE_DISABLE"] = "1"  # a spawned engine core reads it when torch._dynamo loads
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+
+
 def bind_cpu_cores(cfg: EngineConfig) -> None:
     """Tell vLLM's CPU worker(s), before they start, which cores their OpenMP threads take
     (`engine.cpu_cores`); the CUDA build ignores it."""

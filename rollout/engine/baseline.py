@@ -12,7 +12,14 @@ import time
 import uuid
 
 from rollout.config import EngineConfig, SamplingConfig
-from rollout.engine.args import _vllm_env, bind_cpu_cores, core_kind, engine_args, sampling_params
+from rollout.engine.args import (
+    _vllm_env,
+    bind_cpu_cores,
+    core_kind,
+    eager_sampler_on_cpu,
+    engine_args,
+    sampling_params,
+)
 
 
 def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,
@@ -20,6 +27,7 @@ def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConf
     """After a warm-up on 4 prompts, `rounds` times: {"tokens": generated, "seconds": wall} of
     every prompt at once."""
     _vllm_env(engine.vllm_log_level)  # the engines' quiet start
+    eager_sampler_on_cpu(engine)  # as the engines run it
     bind_cpu_cores(engine)  # the cores the fleets' engines take (engine.cpu_cores)
     args = engine_args(model_path, engine, dtype)
     if core_kind(engine) == "thread":

@@ -48,7 +48,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollout.config import EngineConfig, LoraConfig, SamplingConfig
-from rollout.engine.args import _vllm_env, bind_cpu_cores, core_kind, engine_args, sampling_params
+from rollout.engine.args import (
+    _vllm_env,
+    bind_cpu_cores,
+    core_kind,
+    eager_sampler_on_cpu,
+    engine_args,
+    sampling_params,
+)
 from rollout.log import setup_logging
 
 log = logging.getLogger(__name__)
@@ -91,6 +98,7 @@ class Engine:
         since = time.perf_counter()
         setup_logging()  # this actor's process: its lines reach the driver's terminal (Ray forwards stderr)
         _vllm_env(cfg.vllm_log_level)
+        eager_sampler_on_cpu(cfg)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from rollout.engine.thread import ThreadedLLM

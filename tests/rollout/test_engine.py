@@ -1,5 +1,7 @@
 """The Engine actor against an HF fp32 forward of the same weights (real vLLM CPU build)."""
 
+import os
+
 import pytest
 import ray
 import torch
@@ -282,3 +284,28 @@ def test_a_kv_cache_left_to_vllm_is_refused_on_cpu_naming_the_key():
 
     with pytest.raises(ValueError, match=r"engine.kv_cache_gb=null .* is for GPU engines: set engine.kv_cache_gb"):
         validate(compose("train", ["engine.kv_cache_gb=null"]))
+
+
+@pytest.mark.unit
+def test_cpu_engines_count_log_prob_ranks_eagerly_with_the_same_counts(monkeypatch):
+    """eager_sampler_on_cpu turns Dynamo off in a CPU engine's process (enforce_eager, the default),
+    so vLLM's sampler counts each sampled token's rank without building an Inductor kernel on the
+    first request; the counts are the compiled kernel's. GPU engines and enforce_eager=false keep it."""
+    import torch._dynamo
+    from vllm.v1.sample.ops.logprobs import batched_count_greater_than
+
+    from rollout.config import EngineConfig
+    from rollout.engine.args import eager_sampler_on_cpu
+
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "0")
+    logprobs = torch.randn(6, 4096).log_softmax(-1)
+    sampled = logprobs[:, 11:12].clone()
+    compiled = batched_count_greater_than(logprobs, sampled)
+    for kept in (EngineConfig(num_gpus=1), EngineConfig(enforce_eager=False)):
+        eager_sampler_on_cpu(kept)
+        assert torch._dynamo.config.disable is False and os.environ["TORCH_COMPILE_DISABLE"] == "0", kept
+    eager_sampler_on_cpu(EngineConfig())
+    assert torch._dynamo.config.disable is True and os.environ["TORCH_COMPILE_DISABLE"] == "1"
+    eager = batched_count_greater_than(logprobs, sampled)
+    assert torch.equal(eager, compiled) and torch.equal(eager, (logprobs >= sampled).sum(-1))

@@ -26,15 +26,33 @@ import sys
 from openai import AsyncOpenAI
 
 SYSTEM = "Solve the problem. You may use the calculator for arithmetic."
-TOOLS = [{"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def calculator(expression: str) -> str:
     """The value of an arithmetic expression, or what is wrong with it."""
+
     def value(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value
@@ -43,6 +61,7 @@ def calculator(expression: str) -> str:
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.operand))
         raise ValueError("only numbers, + - * / and parentheses")
+
     try:
         result = value(ast.parse(str(expression), mode="eval").body)
     except (SyntaxError, ValueError, ZeroDivisionError) as e:
@@ -55,8 +74,9 @@ async def solve(client: AsyncOpenAI, question: str, max_turns: int = 3, max_toke
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     reply = None
     for _ in range(max_turns):
-        response = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
-                                                         max_tokens=max_tokens)
+        response = await client.chat.completions.create(
+            model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens
+        )
         reply = response.choices[0].message
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:

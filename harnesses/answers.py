@@ -64,4 +64,4 @@ def _last_tag_content(text: str) -> str | None:
             open_end = tag.end()
         elif open_end is not None:
             last = (open_end, tag.start())
-    return None if last is None else text[last[0]:last[1]]
+    return None if last is None else text[last[0] : last[1]]

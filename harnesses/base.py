@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 # ---- tasks ---------------------------------------------------------------------------
 
+
 class Task(Protocol):
     """One task instance. Travels to Ray actors, so it must pickle."""
 
@@ -100,8 +101,16 @@ class TaskSource(ABC):
     train_probes = 1000  # candidates tried for one training index before giving up
     _PROBE_STRIDE = 104729  # a prime: the candidates of index i are i + k * stride (mod size)
 
-    def __init__(self, name: str, params: dict | None = None, instruction: str | None = None,
-                 size: int = 100000, eval_size: int = 64, eval_seed: int = 1000003, seed: int = 0):
+    def __init__(
+        self,
+        name: str,
+        params: dict | None = None,
+        instruction: str | None = None,
+        size: int = 100000,
+        eval_size: int = 64,
+        eval_seed: int = 1000003,
+        seed: int = 0,
+    ):
         if size < 1:
             raise ValueError(f"task.size must be >= 1, got {size}")
         if eval_size < 0:
@@ -160,7 +169,8 @@ class TaskSource(ABC):
                 raise ValueError(
                     f"task {self.name!r} with params {self.params}: only {len(tasks)} distinct questions in "
                     f"{self.eval_draws} held-out draws, fewer than task.eval_size={self.eval_size}; lower "
-                    f"task.eval_size (and eval.size) or widen the task (task.params)")
+                    f"task.eval_size (and eval.size) or widen the task (task.params)"
+                )
             self._eval, self._eval_questions = tasks, seen
         # Copies: callers may mutate tasks (entries are dicts) without corrupting the cache.
         return copy.deepcopy(self._eval)
@@ -174,11 +184,14 @@ class TaskSource(ABC):
             task = self.draw("train", (index + k * self._PROBE_STRIDE) % self.size, f"{self.name}/train/{index}")
             if normalize_question(task.question) not in self._eval_questions:
                 return task
-        raise ValueError(f"task {self.name!r}: {self.train_probes} training candidates for index {index} are all "
-                         f"held-out questions; widen the task (task.params) or lower task.eval_size")
+        raise ValueError(
+            f"task {self.name!r}: {self.train_probes} training candidates for index {index} are all "
+            f"held-out questions; widen the task (task.params) or lower task.eval_size"
+        )
 
 
 # ---- harnesses -------------------------------------------------------------------------
+
 
 @dataclass
 class HarnessResult:
@@ -204,8 +217,9 @@ def as_result(value: Reward) -> HarnessResult:
         reward, agent_rewards, info = value, None, {}
     if agent_rewards is not None:
         if not isinstance(agent_rewards, dict):
-            raise ValueError(f"harness returned agent_rewards of type {type(agent_rewards).__name__}; "
-                             f"expected a dict role -> reward")
+            raise ValueError(
+                f"harness returned agent_rewards of type {type(agent_rewards).__name__}; expected a dict role -> reward"
+            )
         for role in agent_rewards:
             if type(role) is not str or not role:
                 raise ValueError(f"harness returned agent_rewards with key {role!r}; roles are non-empty strings")
@@ -218,16 +232,20 @@ def as_result(value: Reward) -> HarnessResult:
     try:
         json.dumps(info, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"harness returned info that is not plain JSON data ({e}); use str, int, float, "
-                         f"bool, None, lists and dicts (convert numpy numbers with float() / int())") from None
+        raise ValueError(
+            f"harness returned info that is not plain JSON data ({e}); use str, int, float, "
+            f"bool, None, lists and dicts (convert numpy numbers with float() / int())"
+        ) from None
     return HarnessResult(reward=reward, agent_rewards=agent_rewards, info=dict(info))
 
 
 def _reward(value: Any, what: str) -> float:
     """A harness's reward as a finite float: bool, int or float (numpy's float64 is a float)."""
     if not isinstance(value, (bool, int, float)):
-        raise ValueError(f"harness returned {what} = {value!r} of type {type(value).__name__}; expected a float "
-                         f"reward, a dict role -> reward, or a HarnessResult (convert numpy numbers with float())")
+        raise ValueError(
+            f"harness returned {what} = {value!r} of type {type(value).__name__}; expected a float "
+            f"reward, a dict role -> reward, or a HarnessResult (convert numpy numbers with float())"
+        )
     if not math.isfinite(value):
         raise ValueError(f"harness returned a non-finite {what}: {value}")
     return float(value)

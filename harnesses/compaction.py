@@ -19,16 +19,20 @@ from __future__ import annotations
 
 from harnesses.base import HarnessResult
 
-START = ("{prompt}\nWork step by step, one short step per reply. When you know the result, "
-         "write it as the instruction says.")
-RESUME = ("{prompt}\nYou were working on this step by step and ran out of room. Your summary of "
-          "the work so far:\n{summary}\n\nContinue, one short step per reply.")
+START = (
+    "{prompt}\nWork step by step, one short step per reply. When you know the result, write it as the instruction says."
+)
+RESUME = (
+    "{prompt}\nYou were working on this step by step and ran out of room. Your summary of "
+    "the work so far:\n{summary}\n\nContinue, one short step per reply."
+)
 CONTINUE = "Continue."
 SUMMARISE = "Your context is almost full. Summarise the work so far in a few sentences: what is known and what is left."
 
 
-async def compaction(task, agents, budget_tokens: int = 512, max_steps: int = 8,
-                     reply_tokens: int = 64) -> HarnessResult:
+async def compaction(
+    task, agents, budget_tokens: int = 512, max_steps: int = 8, reply_tokens: int = 64
+) -> HarnessResult:
     solver = agents["solver"]
     # the summary request after a reply cut at reply_tokens (the template closes that turn too)
     summary_turn = len(solver.format.continuation([], [{"role": "user", "content": SUMMARISE}]))
@@ -41,9 +45,11 @@ async def compaction(task, agents, budget_tokens: int = 512, max_steps: int = 8,
     while steps < max_steps:
         if not room_to_summarise_after(chat, message):
             if not chat.num_tokens:  # a fresh context: the task (and summary) alone leave no room
-                raise ValueError(f"compaction: budget_tokens={budget_tokens} leaves no room for a step and a "
-                                 f"summary after {'the task prompt' if not compactions else 'a summary'}; "
-                                 f"raise it")
+                raise ValueError(
+                    f"compaction: budget_tokens={budget_tokens} leaves no room for a step and a "
+                    f"summary after {'the task prompt' if not compactions else 'a summary'}; "
+                    f"raise it"
+                )
             summary = await chat.reply(SUMMARISE, max_tokens=reply_tokens)
             chat, message = solver.conversation(), RESUME.format(prompt=task.prompt, summary=summary.strip())
             compactions += 1
@@ -53,5 +59,6 @@ async def compaction(task, agents, budget_tokens: int = 512, max_steps: int = 8,
         if "<answer>" in text.lower():
             break
         message = CONTINUE
-    return HarnessResult(reward=task.score(text), info={"compactions": compactions, "steps": steps,
-                                                        "answer": task.answer})
+    return HarnessResult(
+        reward=task.score(text), info={"compactions": compactions, "steps": steps, "answer": task.answer}
+    )

@@ -24,9 +24,11 @@ def read_rows(path: str | Path, fmt: str = "auto", key: str = "task.params.path"
     or "hf" for a folder)."""
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"{key}={str(path)!r}: no such file or folder (relative paths are from "
-                         f"{Path.cwd()}); give the path of a .jsonl, .json, .csv or .parquet file or a "
-                         f"folder saved by datasets' save_to_disk")
+        raise ValueError(
+            f"{key}={str(path)!r}: no such file or folder (relative paths are from "
+            f"{Path.cwd()}); give the path of a .jsonl, .json, .csv or .parquet file or a "
+            f"folder saved by datasets' save_to_disk"
+        )
     fmt = _format(path, fmt, key)
     try:
         rows = _READERS[fmt](path)
@@ -46,8 +48,10 @@ def _format(path: Path, fmt: str, key: str) -> str:
         return "hf"
     if path.suffix.lower() in _SUFFIXES:
         return _SUFFIXES[path.suffix.lower()]
-    raise ValueError(f"{key}={str(path)!r}: cannot tell the format from the suffix {path.suffix!r}; name it "
-                     f"with task.params.format (one of {', '.join(FORMATS[1:])})")
+    raise ValueError(
+        f"{key}={str(path)!r}: cannot tell the format from the suffix {path.suffix!r}; name it "
+        f"with task.params.format (one of {', '.join(FORMATS[1:])})"
+    )
 
 
 def _jsonl(path: Path) -> list:
@@ -62,8 +66,10 @@ def _jsonl(path: Path) -> list:
 def _json(path: Path) -> list:
     data = _json_value(path.read_text(encoding="utf-8-sig"), path, "the file")
     if not isinstance(data, list):
-        raise ValueError(f"{path}: a .json data file must hold a list of objects, not a {type(data).__name__} "
-                         f"(for one object per line, name the file .jsonl)")
+        raise ValueError(
+            f"{path}: a .json data file must hold a list of objects, not a {type(data).__name__} "
+            f"(for one object per line, name the file .jsonl)"
+        )
     return data
 
 
@@ -85,8 +91,10 @@ def _pyarrow() -> Any:
         import pyarrow.ipc
         import pyarrow.parquet
     except ImportError:
-        raise ValueError("reading Parquet files and HF dataset folders needs pyarrow: pip install pyarrow "
-                         "(scripts/setup.sh installs it)") from None
+        raise ValueError(
+            "reading Parquet files and HF dataset folders needs pyarrow: pip install pyarrow "
+            "(scripts/setup.sh installs it)"
+        ) from None
     return pyarrow
 
 
@@ -99,9 +107,11 @@ def _hf_folder(path: Path) -> list:
     pa = _pyarrow()
     if (path / "dataset_dict.json").exists():
         splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
-        raise ValueError(f"{path} holds a DatasetDict with splits {splits}: point task.params.path at one split's "
-                         f"folder (e.g. {path / (splits[0] if splits else 'train')}) and, for a held-out split, "
-                         f"task.params.eval_path at another")
+        raise ValueError(
+            f"{path} holds a DatasetDict with splits {splits}: point task.params.path at one split's "
+            f"folder (e.g. {path / (splits[0] if splits else 'train')}) and, for a held-out split, "
+            f"task.params.eval_path at another"
+        )
     if not (path / "state.json").exists():
         raise ValueError(f"{path} is a folder but not one saved by datasets' save_to_disk (no state.json)")
     files = [entry["filename"] for entry in json.loads((path / "state.json").read_text()).get("_data_files", [])]

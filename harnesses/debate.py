@@ -20,26 +20,27 @@ import string
 from harnesses.base import HarnessResult
 
 OPEN = "You are debater {name} in a debate. Solve the problem and state your answer.\n{prompt}"
-REBUT = ("The other debaters said:\n{others}\n\nCheck their answers against yours, then give your "
-         "final answer. {instruction}")
-JUDGE = ("Question: {question}\n\n{arguments}\n\nYou are the judge. Decide which answer is right. "
-         "{instruction}")
+REBUT = (
+    "The other debaters said:\n{others}\n\nCheck their answers against yours, then give your "
+    "final answer. {instruction}"
+)
+JUDGE = "Question: {question}\n\n{arguments}\n\nYou are the judge. Decide which answer is right. {instruction}"
 
 
 def debater_roles(debaters: int) -> list[str]:
     return [f"debater_{string.ascii_lowercase[i]}" for i in range(debaters)]
 
 
-async def debate(task, agents, debaters: int = 2, rounds: int = 2,
-                 per_debater_rewards: bool = False) -> HarnessResult:
+async def debate(task, agents, debaters: int = 2, rounds: int = 2, per_debater_rewards: bool = False) -> HarnessResult:
     if not 2 <= debaters <= 26 or rounds < 1:
         raise ValueError(f"debate needs 2-26 debaters and >= 1 round; got {debaters}, {rounds}")
     roles = debater_roles(debaters)
     # the task's answer-format line ("Give the final answer as ..."), repeated where answers are asked for
-    instruction = task.prompt[len(task.question):].strip() if task.prompt.startswith(task.question) else ""
+    instruction = task.prompt[len(task.question) :].strip() if task.prompt.startswith(task.question) else ""
     chats = {r: agents[r].conversation() for r in roles}
     last: dict[str, str] = {}
     for k in range(rounds):
+
         def turn(role: str) -> str:
             if k == 0:  # noqa: B023 (called within this round)
                 return OPEN.format(prompt=task.prompt, name=role[-1].upper())
@@ -49,11 +50,13 @@ async def debate(task, agents, debaters: int = 2, rounds: int = 2,
         replies = await asyncio.gather(*(chats[r].reply(turn(r)) for r in roles))
         last = dict(zip(roles, replies))
     arguments = "\n".join(f"Debater {r[-1].upper()}: {last[r]}" for r in roles)
-    verdict = await agents["judge"].chat(JUDGE.format(question=task.question, arguments=arguments,
-                                                      instruction=instruction))
+    verdict = await agents["judge"].chat(
+        JUDGE.format(question=task.question, arguments=arguments, instruction=instruction)
+    )
     reward = task.score(verdict)
     agent_rewards = None
     if per_debater_rewards:
         agent_rewards = {r: task.score(last[r]) for r in roles} | {"judge": reward}
-    return HarnessResult(reward=reward, agent_rewards=agent_rewards,
-                         info={"debaters": debaters, "rounds": rounds, "answer": task.answer})
+    return HarnessResult(
+        reward=reward, agent_rewards=agent_rewards, info={"debaters": debaters, "rounds": rounds, "answer": task.answer}
+    )

@@ -60,8 +60,10 @@ def _tokens(text: str) -> list[str]:
     while pos < end:
         match = _TOKEN.match(text, pos)
         if match is None:
-            raise ExpressionError(f"character {text[pos:].lstrip()[:1]!r} at offset {pos} is not allowed "
-                                  "(numbers, + - * / and parentheses only)")
+            raise ExpressionError(
+                f"character {text[pos:].lstrip()[:1]!r} at offset {pos} is not allowed "
+                "(numbers, + - * / and parentheses only)"
+            )
         number, symbol = match.groups()
         if number is not None and len(number) > MAX_DIGITS + 1:
             raise ExpressionError(f"a number of {len(number)} characters (the limit is {MAX_DIGITS} digits)")

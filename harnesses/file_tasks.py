@@ -74,21 +74,32 @@ class _Item:
 class FileTasks(TaskSource):
     """Training and held-out tasks from the rows of a data file (see the module docstring)."""
 
-    def __init__(self, name: str, params: dict | None = None, instruction: str | None = None,
-                 size: int = 100000, eval_size: int = 64, eval_seed: int = 1000003, seed: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        params: dict | None = None,
+        instruction: str | None = None,
+        size: int = 100000,
+        eval_size: int = 64,
+        eval_seed: int = 1000003,
+        seed: int = 0,
+    ) -> None:
         self.options = _params(params or {})
         self.verifier = make_verifier(self.options.verifier, self.options.verifier_options)
         if self.verifier.needs_answer and self.options.answer_field is None:
-            raise ValueError(f"{P}.verifier={self.options.verifier!r} compares with a gold answer: set "
-                             f"{P}.answer_field to the field that holds it")
+            raise ValueError(
+                f"{P}.verifier={self.options.verifier!r} compares with a gold answer: set "
+                f"{P}.answer_field to the field that holds it"
+            )
         super().__init__(name, params, instruction, size, eval_size, eval_seed, seed)
         self._check_template()
         items = self._load(self.options.path, "path")
         held, excluded = self._held_out(items, eval_size, eval_seed)
         train = [i for i in items if normalize_question(i.question) not in excluded]
         if not train:
-            raise ValueError(f"every question of {P}.path={self.options.path!r} is in {P}.eval_path: nothing is "
-                             f"left to train on")
+            raise ValueError(
+                f"every question of {P}.path={self.options.path!r} is in {P}.eval_path: nothing is left to train on"
+            )
         if self.options.shuffle:
             random.Random(seed).shuffle(train)
         self._train, self._held = train[:size], held
@@ -98,8 +109,9 @@ class FileTasks(TaskSource):
         """The held-out items, and the questions no training item may ask: the held-out ones, or
         every question of the eval file."""
         if self.options.eval_path is None:
-            _enough(items, self.options.path, eval_size + 1, f"task.eval_size={eval_size} held out, plus one to "
-                                                             f"train on")
+            _enough(
+                items, self.options.path, eval_size + 1, f"task.eval_size={eval_size} held out, plus one to train on"
+            )
             held = random.Random(eval_seed).sample(items, eval_size)
             return held, {normalize_question(i.question) for i in held}
         eval_items = self._load(self.options.eval_path, "eval_path")
@@ -118,9 +130,14 @@ class FileTasks(TaskSource):
     def draw(self, split: str, index: int, task_id: str) -> FileTask:
         item = (self._train if split == "train" else self._held)[index]
         prompt = self._render(item)
-        return FileTask(id=task_id, question=item.question, answer=item.answer, metadata=dict(item.metadata),
-                        prompt=f"{prompt}\n{self.instruction}" if self.instruction else prompt,
-                        verifier=self.verifier)
+        return FileTask(
+            id=task_id,
+            question=item.question,
+            answer=item.answer,
+            metadata=dict(item.metadata),
+            prompt=f"{prompt}\n{self.instruction}" if self.instruction else prompt,
+            verifier=self.verifier,
+        )
 
     # ---- reading the rows into distinct, checked items ----------------------------------
 
@@ -131,30 +148,45 @@ class FileTasks(TaskSource):
         for number, row in enumerate(rows):
             missing = [f for f in wanted if f not in row]
             if missing:
-                what = next(k for k in ("question_field", "answer_field", "metadata_fields")
-                            if missing[0] in _as_list(getattr(o, k)))
-                raise ValueError(f"{P}.{what}: {path} has no field {missing[0]!r} in row {number} (fields found: "
-                                 f"{', '.join(sorted(row))}); name one of those in {P}.{what}")
+                what = next(
+                    k
+                    for k in ("question_field", "answer_field", "metadata_fields")
+                    if missing[0] in _as_list(getattr(o, k))
+                )
+                raise ValueError(
+                    f"{P}.{what}: {path} has no field {missing[0]!r} in row {number} (fields found: "
+                    f"{', '.join(sorted(row))}); name one of those in {P}.{what}"
+                )
         return self._distinct([self._item(number, row, path) for number, row in enumerate(rows)], path)
 
     def _item(self, number: int, row: dict[str, Any], path: str) -> _Item:
         question = row[self.options.question_field]
         if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"{path} row {number}: the question ({P}.question_field="
-                             f"{self.options.question_field!r}) is {question!r}, not a non-empty text")
+            raise ValueError(
+                f"{path} row {number}: the question ({P}.question_field="
+                f"{self.options.question_field!r}) is {question!r}, not a non-empty text"
+            )
         answer = None if self.options.answer_field is None else row[self.options.answer_field]
         if answer is not None:
-            answer = answer if isinstance(answer, str) else json.dumps(answer) if isinstance(answer, (dict, list)) \
+            answer = (
+                answer
+                if isinstance(answer, str)
+                else json.dumps(answer)
+                if isinstance(answer, (dict, list))
                 else str(answer)
+            )
         if self.verifier.needs_answer:
             if answer is None:
-                raise ValueError(f"{path} row {number}: the gold answer ({P}.answer_field="
-                                 f"{self.options.answer_field!r}) is missing (null)")
+                raise ValueError(
+                    f"{path} row {number}: the gold answer ({P}.answer_field="
+                    f"{self.options.answer_field!r}) is missing (null)"
+                )
             try:
                 self.verifier.check_gold(answer)
             except ValueError as e:
-                raise ValueError(f"{path} row {number}: verifier {self.options.verifier!r} cannot score against "
-                                 f"its gold answer: {e}") from None
+                raise ValueError(
+                    f"{path} row {number}: verifier {self.options.verifier!r} cannot score against its gold answer: {e}"
+                ) from None
         return _Item(number, question, answer, {k: row[k] for k in self.options.metadata_fields})
 
     @staticmethod
@@ -164,11 +196,15 @@ class FileTasks(TaskSource):
         for item in items:
             first = seen.setdefault(normalize_question(item.question), item)
             if first.answer != item.answer:
-                raise ValueError(f"{path}: rows {first.row} and {item.row} ask the same question with different "
-                                 f"gold answers ({first.answer!r}, {item.answer!r}); keep one of them")
+                raise ValueError(
+                    f"{path}: rows {first.row} and {item.row} ask the same question with different "
+                    f"gold answers ({first.answer!r}, {item.answer!r}); keep one of them"
+                )
         if len(seen) == 1 and len(items) > 1:
-            raise ValueError(f"{path}: all {len(items)} rows ask the same question ({items[0].question[:60]!r}; "
-                             f"case and white space do not count): there is one item, nothing to learn from")
+            raise ValueError(
+                f"{path}: all {len(items)} rows ask the same question ({items[0].question[:60]!r}; "
+                f"case and white space do not count): there is one item, nothing to learn from"
+            )
         return list(seen.values())
 
     # ---- the question as sent ------------------------------------------------------------
@@ -182,8 +218,10 @@ class FileTasks(TaskSource):
             raise ValueError(f"{P}.template={template!r} has no {{question}} placeholder")
         unknown = sorted(names - {"question", *self.options.metadata_fields})
         if unknown:
-            raise ValueError(f"{P}.template: placeholder {{{unknown[0]}}} is neither question nor one of "
-                             f"{P}.metadata_fields={self.options.metadata_fields}")
+            raise ValueError(
+                f"{P}.template: placeholder {{{unknown[0]}}} is neither question nor one of "
+                f"{P}.metadata_fields={self.options.metadata_fields}"
+            )
 
     def _render(self, item: _Item) -> str:
         if self.options.template is None:
@@ -198,8 +236,10 @@ _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 def _enough(items: list[_Item], path: str, need: int, why: str) -> None:
     if len(items) < need:
-        raise ValueError(f"{path} has {len(items)} distinct questions, fewer than the {need} needed ({why}); "
-                         f"lower task.eval_size (and eval.size) or bring more items")
+        raise ValueError(
+            f"{path} has {len(items)} distinct questions, fewer than the {need} needed ({why}); "
+            f"lower task.eval_size (and eval.size) or bring more items"
+        )
 
 
 def _as_list(value: Any) -> list:
@@ -211,10 +251,12 @@ def _params(params: dict[str, Any]) -> FileTaskParams:
     known = {f.name for f in dataclasses.fields(FileTaskParams)}
     unknown = sorted(set(params) - known)
     if unknown:
-        raise ValueError(f"{P}.{unknown[0]} is not a parameter of the file task source (its parameters: "
-                         f"{', '.join(sorted(known))})")
+        raise ValueError(
+            f"{P}.{unknown[0]} is not a parameter of the file task source (its parameters: {', '.join(sorted(known))})"
+        )
     if not params.get("path"):
         raise ValueError(f"{P}.path is not set: give the data file, e.g. {P}.path=examples/arith.jsonl")
-    fields = {k: (dict(v) if k == "verifier_options" else list(v) if k == "metadata_fields" else v)
-              for k, v in params.items()}
+    fields = {
+        k: (dict(v) if k == "verifier_options" else list(v) if k == "metadata_fields" else v) for k, v in params.items()
+    }
     return FileTaskParams(**fields)

@@ -30,9 +30,11 @@ from harnesses.base import note_scoring
 from harnesses.scoring import defer_score, scoring_agent
 from harnesses.verifiers import KEY, Verifier
 
-TEMPLATE = ("Question: {question}\nReference answer: {gold}\nProposed answer: {answer}\n\n"
-            "Does the proposed answer give the same final answer as the reference answer? "
-            "Reply with <answer>yes</answer> or <answer>no</answer>.")
+TEMPLATE = (
+    "Question: {question}\nReference answer: {gold}\nProposed answer: {answer}\n\n"
+    "Does the proposed answer give the same final answer as the reference answer? "
+    "Reply with <answer>yes</answer> or <answer>no</answer>."
+)
 VERDICTS = ("yes_no", "score")
 _PLACEHOLDER = re.compile(r"\{(question|answer|gold)\}")
 _FIRST_WORD = re.compile(r"\s{0,100}([A-Za-z]{1,10})")  # anchored and bounded: a hostile reply costs nothing
@@ -59,14 +61,15 @@ class Judge(Verifier):
     def check(self) -> None:
         super().check()
         o = f"{KEY}_options"
-        checks = [(self.verdict in VERDICTS, f"{o}.verdict={self.verdict!r}: one of {', '.join(VERDICTS)}"),
-                  ("{answer}" in self.template, f"{o}.template has no {{answer}} placeholder: the judge must "
-                                                f"see the answer"),
-                  (bool(self.agent), f"{o}.agent is empty: name the judging role, e.g. judge"),
-                  (self.max_score > 0, f"{o}.max_score={self.max_score} must be > 0"),
-                  (self.max_verdict_chars >= 1, f"{o}.max_verdict_chars must be >= 1"),
-                  (self.max_tokens >= 1, f"{o}.max_tokens={self.max_tokens} must be >= 1"),
-                  (self.temperature >= 0, f"{o}.temperature={self.temperature} must be >= 0")]
+        checks = [
+            (self.verdict in VERDICTS, f"{o}.verdict={self.verdict!r}: one of {', '.join(VERDICTS)}"),
+            ("{answer}" in self.template, f"{o}.template has no {{answer}} placeholder: the judge must see the answer"),
+            (bool(self.agent), f"{o}.agent is empty: name the judging role, e.g. judge"),
+            (self.max_score > 0, f"{o}.max_score={self.max_score} must be > 0"),
+            (self.max_verdict_chars >= 1, f"{o}.max_verdict_chars must be >= 1"),
+            (self.max_tokens >= 1, f"{o}.max_tokens={self.max_tokens} must be >= 1"),
+            (self.temperature >= 0, f"{o}.temperature={self.temperature} must be >= 0"),
+        ]
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)

@@ -53,18 +53,27 @@ MAX_ANSWER_BYTES = 2**20  # a command's stdout (its answer)
 STDERR_TAIL_BYTES = 64 * 2**10  # of a command's stderr, the tail kept for the error message
 
 
-async def openai_agent(task, agents, agent: str | None = None, command: str | list[str] | None = None,
-                       role: str | None = None, timeout_s: float = 300.0,
-                       env: list[str] | None = None) -> HarnessResult:
+async def openai_agent(
+    task,
+    agents,
+    agent: str | None = None,
+    command: str | list[str] | None = None,
+    role: str | None = None,
+    timeout_s: float = 300.0,
+    env: list[str] | None = None,
+) -> HarnessResult:
     role = _role(agents, role)
     gateway = await agents[role].gateway()  # the worker's endpoint, handed in with the agents
     with gateway.session(agents) as session:
         base_url = session.base_url(role)
         try:
             if command is not None:
-                own = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.api_key,
-                       "TRACERL_REWARD_URL": session.reward_url(role),
-                       "TRACERL_BASE_URLS": json.dumps({r: session.base_url(r) for r in agents})}
+                own = {
+                    "OPENAI_BASE_URL": base_url,
+                    "OPENAI_API_KEY": session.api_key,
+                    "TRACERL_REWARD_URL": session.reward_url(role),
+                    "TRACERL_BASE_URLS": json.dumps({r: session.base_url(r) for r in agents}),
+                }
                 answer = await run_command(command, task.prompt, agent_env(own, env or ()), timeout_s)
             else:
                 answer = await _run_function(_agent_function(agent), task, base_url, session.api_key, timeout_s)
@@ -75,8 +84,14 @@ async def openai_agent(task, agents, agent: str | None = None, command: str | li
         if not isinstance(answer, str):
             raise ValueError(f"the agent returned {type(answer).__name__}, not its answer as a string")
         reward = session.reward if session.reward is not None else task.score(answer)
-        return HarnessResult(reward=reward, info={"answer": answer[-2000:], "reward_from": (
-            "agent" if session.reward is not None else "verifier"), **session.counts()})
+        return HarnessResult(
+            reward=reward,
+            info={
+                "answer": answer[-2000:],
+                "reward_from": ("agent" if session.reward is not None else "verifier"),
+                **session.counts(),
+            },
+        )
 
 
 async def _run_function(fn, task, base_url: str, api_key: str, timeout_s: float):
@@ -101,8 +116,10 @@ def _agent_function(path: str):
 def _role(agents, role: str | None) -> str:
     if role is None:
         if len(agents) != 1:
-            raise ValueError(f"harness.options.role: the run has roles {sorted(agents)}; name the one whose "
-                             f"URL is the agent's OPENAI_BASE_URL")
+            raise ValueError(
+                f"harness.options.role: the run has roles {sorted(agents)}; name the one whose "
+                f"URL is the agent's OPENAI_BASE_URL"
+            )
         return next(iter(agents))
     if role not in agents:
         raise ValueError(f"harness.options.role={role!r} is not a role of this run: {sorted(agents)}")
@@ -113,8 +130,9 @@ def check_options(options: dict) -> None:
     """At start: exactly one of `agent` / `command`, the agent importable, a positive timeout."""
     agent, command = options.get("agent"), options.get("command")
     if (agent is None) == (command is None):
-        raise ValueError("harness.options: set exactly one of agent (an async function's dotted path) "
-                         "or command (a program to run)")
+        raise ValueError(
+            "harness.options: set exactly one of agent (an async function's dotted path) or command (a program to run)"
+        )
     if agent is not None:
         fn = _agent_function(agent)
         if not asyncio.iscoroutinefunction(fn):
@@ -126,12 +144,15 @@ def check_options(options: dict) -> None:
     if not float(options.get("timeout_s", 300.0)) > 0:
         raise ValueError("harness.options.timeout_s must be > 0")
     if options.get("api_key") is not None:
-        raise ValueError("harness.options.api_key is gone: the gateway makes a key per episode and hands it to "
-                         "the agent (its api_key argument, or OPENAI_API_KEY); remove the option")
+        raise ValueError(
+            "harness.options.api_key is gone: the gateway makes a key per episode and hands it to "
+            "the agent (its api_key argument, or OPENAI_API_KEY); remove the option"
+        )
     names = options.get("env") or ()
     if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"harness.options.env={names!r} must be a list of environment variable names "
-                         f"to pass to the agent command")
+        raise ValueError(
+            f"harness.options.env={names!r} must be a list of environment variable names to pass to the agent command"
+        )
 
 
 openai_agent.check_options = check_options
@@ -145,15 +166,28 @@ async def run_command(command: str | list[str], stdin: str, env: dict[str, str],
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable  # the worker's interpreter: the run's environment
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=env, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(os.getpid()),
+    )
     try:
-        out, err, _, _ = await asyncio.wait_for(asyncio.gather(
-            _read_bounded(proc.stdout, proc.pid), _read_tail(proc.stderr), _feed(proc.stdin, stdin.encode()),
-            proc.wait()), timeout_s)
+        out, err, _, _ = await asyncio.wait_for(
+            asyncio.gather(
+                _read_bounded(proc.stdout, proc.pid),
+                _read_tail(proc.stderr),
+                _feed(proc.stdin, stdin.encode()),
+                proc.wait(),
+            ),
+            timeout_s,
+        )
     except TimeoutError:
-        raise TimeoutError(f"the agent command ran past harness.options.timeout_s={timeout_s} and was killed "
-                           f"with its process group") from None
+        raise TimeoutError(
+            f"the agent command ran past harness.options.timeout_s={timeout_s} and was killed with its process group"
+        ) from None
     finally:  # the group goes, whether the agent finished, hung, flooded or was cancelled: no orphans
         _kill_group(proc.pid)
         if proc.returncode is None:
@@ -177,8 +211,10 @@ async def _read_bounded(stream, pid: int) -> bytes:
             _kill_group(pid)
             chunks = []
     if size > MAX_ANSWER_BYTES:
-        raise RuntimeError(f"the agent command wrote more than {MAX_ANSWER_BYTES} bytes to stdout (its answer "
-                           f"goes there; logs belong on stderr) and was killed with its process group")
+        raise RuntimeError(
+            f"the agent command wrote more than {MAX_ANSWER_BYTES} bytes to stdout (its answer "
+            f"goes there; logs belong on stderr) and was killed with its process group"
+        )
     return b"".join(chunks)
 
 

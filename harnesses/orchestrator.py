@@ -20,8 +20,10 @@ import re
 
 from harnesses.base import HarnessResult
 
-PLAN = ("{prompt}\n\nYou lead a team of helpers. First split this problem into at most {n} small "
-        "sub-questions, one per line, each line starting with '- '. Do not answer yet.")
+PLAN = (
+    "{prompt}\n\nYou lead a team of helpers. First split this problem into at most {n} small "
+    "sub-questions, one per line, each line starting with '- '. Do not answer yet."
+)
 SUB = "Answer this briefly and exactly.\n{question}"
 AGGREGATE = "Your helpers answered:\n{results}\n\nNow give the final answer to the original problem."
 _ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.+?)\s*$", re.MULTILINE)

@@ -41,9 +41,20 @@ DATASET_INSTRUCTIONS: dict[str, str] = {
 # reasoning-gym 0.1.25 datasets whose score_answer evaluates the answer text (SymPy parse_expr or
 # eval; found by grepping the package and confirmed by scoring a file-creating payload with each),
 # and composite, which delegates to any of them.
-EVALUATING_DATASETS = frozenset({
-    "binary_matrix", "composite", "countdown", "intermediate_integration", "n_queens",
-    "polynomial_multiplication", "puzzle24", "simple_integration", "spiral_matrix", "string_insertion"})
+EVALUATING_DATASETS = frozenset(
+    {
+        "binary_matrix",
+        "composite",
+        "countdown",
+        "intermediate_integration",
+        "n_queens",
+        "polynomial_multiplication",
+        "puzzle24",
+        "simple_integration",
+        "spiral_matrix",
+        "string_insertion",
+    }
+)
 EXPRESSION_DATASETS = frozenset({"countdown", "puzzle24"})  # answers: arithmetic over + - * /
 # Answers compared as numbers (Decimal, float or text): anything else in the tag is not an answer.
 NUMBER_DATASETS = frozenset({"basic_arithmetic", "chain_sum", "gsm_symbolic"})
@@ -80,12 +91,15 @@ def _check_answers_are_guarded(name: str, params: Mapping[str, Any]) -> None:
         raise ValueError(
             f"reasoning-gym dataset {name!r} scores answers by evaluating them as Python/SymPy code, and "
             f"tracerl has no answer grammar for it (model output would run as code); use another "
-            f"task.name, or add a grammar for it to check_answer in harnesses/reasoning_gym_tasks.py")
+            f"task.name, or add a grammar for it to check_answer in harnesses/reasoning_gym_tasks.py"
+        )
     if name in EXPRESSION_DATASETS:
         bad = sorted(set(_operators(name, params)) - set(OPERATORS))
         if bad:
-            raise ValueError(f"task.params.operators for {name!r} has {bad}: answers are checked against a "
-                             f"grammar of {' '.join(OPERATORS)} only")
+            raise ValueError(
+                f"task.params.operators for {name!r} has {bad}: answers are checked against a "
+                f"grammar of {' '.join(OPERATORS)} only"
+            )
 
 
 # Scorers are dataset objects rebuilt per process, keyed by (name, canonical params).
@@ -150,8 +164,7 @@ def _check_name(name: str) -> None:
         close = difflib.get_close_matches(name, valid, n=5)
         examples = close or ["chain_sum", "basic_arithmetic", "countdown", "gsm_symbolic"]
         raise ValueError(
-            f"unknown reasoning-gym dataset {name!r}; e.g. {', '.join(examples)} "
-            f"({len(valid)} datasets registered)"
+            f"unknown reasoning-gym dataset {name!r}; e.g. {', '.join(examples)} ({len(valid)} datasets registered)"
         )
 
 
@@ -162,8 +175,7 @@ def _create_dataset(name: str, params: Mapping[str, Any], seed: int, size: int) 
     for reserved in ("seed", "size"):
         if reserved in params:
             raise ValueError(
-                f"reasoning-gym dataset {name!r}: pass {reserved!r} as a ReasoningGymTasks argument, "
-                "not in params"
+                f"reasoning-gym dataset {name!r}: pass {reserved!r} as a ReasoningGymTasks argument, not in params"
             )
     try:
         return _reasoning_gym().create_dataset(name, seed=seed, size=size, **params)
@@ -263,8 +275,16 @@ class ReasoningGymTasks(TaskSource):
     else ``DEFAULT_INSTRUCTION``).
     """
 
-    def __init__(self, name: str, params: dict | None = None, instruction: str | None = None,
-                 size: int = 100000, eval_size: int = 64, eval_seed: int = 1000003, seed: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        params: dict | None = None,
+        instruction: str | None = None,
+        size: int = 100000,
+        eval_size: int = 64,
+        eval_seed: int = 1000003,
+        seed: int = 0,
+    ) -> None:
         super().__init__(name, _plain(params or {}), instruction, size, eval_size, eval_seed, seed)
         if eval_size and seed < eval_seed + self.eval_draws and eval_seed < seed + size:
             raise ValueError(

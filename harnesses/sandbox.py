@@ -74,9 +74,16 @@ class SandboxError(RuntimeError):
 
 
 class Sandbox:
-    def __init__(self, timeout_s: float = 2.0, memory_bytes: int = 4 << 30,
-                 warmup: Callable[[], Any] | None = None, startup_s: float = 120.0,
-                 cpu_s: int = 600, file_bytes: int = 16 << 20, open_files: int = 64):
+    def __init__(
+        self,
+        timeout_s: float = 2.0,
+        memory_bytes: int = 4 << 30,
+        warmup: Callable[[], Any] | None = None,
+        startup_s: float = 120.0,
+        cpu_s: int = 600,
+        file_bytes: int = 16 << 20,
+        open_files: int = 64,
+    ):
         """`warmup`: a module-level function a new child runs first, within `startup_s` (the
         imports the calls need), so that every call proper gets only `timeout_s`. `cpu_s`: the
         CPU seconds one child may use in its life (it is replaced at half)."""
@@ -84,8 +91,7 @@ class Sandbox:
         self.memory_bytes = memory_bytes
         self.warmup = warmup
         self.startup_s = startup_s
-        self.limits = {"memory_bytes": memory_bytes, "cpu_s": cpu_s, "file_bytes": file_bytes,
-                       "open_files": open_files}
+        self.limits = {"memory_bytes": memory_bytes, "cpu_s": cpu_s, "file_bytes": file_bytes, "open_files": open_files}
         self.isolation: dict[str, Any] = {}  # what the last child managed (network, user, ...)
         self._lock = threading.Lock()
         self._child: _Child | None = None
@@ -191,12 +197,25 @@ class _Child:
         # empty); "" is the parent's working directory, which the child does not share.
         path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
         config = json.dumps({**limits, "path": path, "parent": os.getpid()})
-        boot = ("import json, sys; c = json.loads(sys.argv[1]); sys.path[:] = c['path']; "
-                "from harnesses.sandbox import _serve; _serve(c)")
-        env = {"HOME": self.cwd, "TMPDIR": self.cwd, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1"}  # one thread each: RLIMIT_NPROC = 0 forbids more
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", boot, config], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, cwd=self.cwd, env=env, bufsize=0)
+        boot = (
+            "import json, sys; c = json.loads(sys.argv[1]); sys.path[:] = c['path']; "
+            "from harnesses.sandbox import _serve; _serve(c)"
+        )
+        env = {
+            "HOME": self.cwd,
+            "TMPDIR": self.cwd,
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }  # one thread each: RLIMIT_NPROC = 0 forbids more
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", boot, config],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=self.cwd,
+            env=env,
+            bufsize=0,
+        )
         os.set_blocking(self.proc.stdin.fileno(), False)
         try:
             self.isolation = self._read(time.monotonic() + startup_s, "the sandbox's start")
@@ -239,7 +258,7 @@ class _Child:
             if not select.select([], [fd], [], max(0.0, deadline - time.monotonic()))[1]:
                 self._fail(f"{what} ran past its {limit}s limit and was killed")
             try:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             except BlockingIOError:
                 continue
             except OSError:
@@ -248,8 +267,10 @@ class _Child:
     def _read(self, deadline: float, what: str, limit: float = 0.0) -> Any:
         (size,) = _HEADER.unpack(self._read_exactly(_HEADER.size, deadline, what, limit))
         if size > MAX_REPLY_BYTES:
-            self._fail(f"{what}: the sandbox process sent a reply of {size} bytes (the limit is "
-                       f"{MAX_REPLY_BYTES}) and was killed")
+            self._fail(
+                f"{what}: the sandbox process sent a reply of {size} bytes (the limit is "
+                f"{MAX_REPLY_BYTES}) and was killed"
+            )
         try:
             return json.loads(self._read_exactly(size, deadline, what, limit))
         except (UnicodeDecodeError, ValueError):
@@ -289,11 +310,13 @@ def _warn_network_once(isolation: dict) -> None:
     global _warned_network
     if not isolation.get("network_isolated") and not _warned_network:
         _warned_network = True
-        log.warning("the verifier sandbox has network access (no network namespace: %s)",
-                    isolation.get("network_error"))
+        log.warning(
+            "the verifier sandbox has network access (no network namespace: %s)", isolation.get("network_error")
+        )
 
 
 # ---- the child ---------------------------------------------------------------------------
+
 
 def _serve(config: dict) -> None:
     """The child: isolate itself, say how, then run each (fn, args) request, replying in JSON."""
@@ -333,9 +356,12 @@ def _isolate(config: dict) -> dict:
         info["network_isolated"], info["user"] = True, "user namespace"
     else:
         info["network_error"] = os.strerror(ctypes.get_errno())
-    for limit, value in ((resource.RLIMIT_AS, config["memory_bytes"]),
-                         (resource.RLIMIT_FSIZE, config["file_bytes"]),
-                         (resource.RLIMIT_NOFILE, config["open_files"]), (resource.RLIMIT_NPROC, 0)):
+    for limit, value in (
+        (resource.RLIMIT_AS, config["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, config["file_bytes"]),
+        (resource.RLIMIT_NOFILE, config["open_files"]),
+        (resource.RLIMIT_NPROC, 0),
+    ):
         resource.setrlimit(limit, (value, value))
     resource.setrlimit(resource.RLIMIT_CPU, (config["cpu_s"], config["cpu_s"] + 5))
     if os.geteuid() == 0:
@@ -364,8 +390,10 @@ def _drop_root(libc: ctypes.CDLL, path: list[str]) -> str:
 
 
 # seccomp: refuse clone/fork/vfork/clone3/execve/execveat with EPERM (x86-64 and aarch64 numbers).
-_AUDIT_ARCH_SYSCALLS = {"x86_64": (0xC000003E, (56, 57, 58, 59, 322, 435)),
-                        "aarch64": (0xC00000B7, (220, 221, 281, 435))}
+_AUDIT_ARCH_SYSCALLS = {
+    "x86_64": (0xC000003E, (56, 57, 58, 59, 322, 435)),
+    "aarch64": (0xC00000B7, (220, 221, 281, 435)),
+}
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO_EPERM = 0x7FFF0000, 0x00050000 | 1
 
@@ -385,9 +413,11 @@ def _forbid_new_processes(libc: ctypes.CDLL) -> bool:
     audit_arch, numbers = arch
     ld_w_abs, jeq_k, ret_k = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
     n = len(numbers)
-    program = [(ld_w_abs, 0, 0, 4),  # seccomp_data.arch
-               (jeq_k, 0, n + 1, audit_arch),  # another ABI (e.g. x32): allow, as before
-               (ld_w_abs, 0, 0, 0)]  # seccomp_data.nr
+    program = [
+        (ld_w_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq_k, 0, n + 1, audit_arch),  # another ABI (e.g. x32): allow, as before
+        (ld_w_abs, 0, 0, 0),
+    ]  # seccomp_data.nr
     program += [(jeq_k, n - i, 0, nr) for i, nr in enumerate(numbers)]  # a match jumps to EPERM
     program += [(ret_k, 0, 0, _SECCOMP_RET_ALLOW), (ret_k, 0, 0, _SECCOMP_RET_ERRNO_EPERM)]
     filters = (_SockFilter * len(program))(*program)
@@ -412,7 +442,7 @@ def _send(fd: int, message: Any) -> None:
     data = json.dumps(message).encode()
     data = _HEADER.pack(len(data)) + data
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def _recv(fd: int, size: int) -> bytes | None:

@@ -63,11 +63,15 @@ def scoring_agent(role: str, key: str):
     episode is running or no agent plays `role`."""
     scope = _SCOPE.get()
     if scope is None:
-        raise ValueError(f"{key} asks a model, so it scores only inside a rollout episode (a RolloutWorker "
-                         f"running a harness), where the agents are")
+        raise ValueError(
+            f"{key} asks a model, so it scores only inside a rollout episode (a RolloutWorker "
+            f"running a harness), where the agents are"
+        )
     if role not in scope.agents:
-        raise ValueError(f"{key}: no agent plays role {role!r} in this episode (agents: {sorted(scope.agents)}); "
-                         f"map it to a frozen policy, e.g. +agents.{role}=frozen")
+        raise ValueError(
+            f"{key}: no agent plays role {role!r} in this episode (agents: {sorted(scope.agents)}); "
+            f"map it to a frozen policy, e.g. +agents.{role}=frozen"
+        )
     return scope.agents[role]
 
 

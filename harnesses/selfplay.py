@@ -21,8 +21,10 @@ import zlib
 
 from harnesses.base import HarnessResult
 
-RULES = ("We play Nim. There are {stones} stones. Players take turns removing 1, 2 or 3 stones; "
-         "whoever takes the last stone wins. You are player {name}.")
+RULES = (
+    "We play Nim. There are {stones} stones. Players take turns removing 1, 2 or 3 stones; "
+    "whoever takes the last stone wins. You are player {name}."
+)
 ASK = "There are {stones} stones left.{last} How many do you take? Reply with 1, 2 or 3."
 _FIRST_NUMBER = re.compile(r"\d+")
 
@@ -51,10 +53,9 @@ async def selfplay(task, agents, min_stones: int = 5, max_stones: int = 15, max_
             last_move = move
             if stones == 0:
                 winner = role
-    moved = roles[:min(moves, 2)]
+    moved = roles[: min(moves, 2)]
     if winner is None:  # cannot happen with legal moves and max_moves >= max_stones; kept as a draw
         rewards = dict.fromkeys(moved, 0.0)
     else:
         rewards = {r: 1.0 if r == winner else -1.0 for r in moved}
-    return HarnessResult(reward=0.0, agent_rewards=rewards,
-                         info={"moves": moves, "winner": winner, "forfeit": forfeit})
+    return HarnessResult(reward=0.0, agent_rewards=rewards, info={"moves": moves, "winner": winner, "forfeit": forfeit})

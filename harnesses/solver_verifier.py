@@ -12,8 +12,10 @@ from __future__ import annotations
 from harnesses.base import HarnessResult
 
 SOLVER_SYSTEM = "You are a careful solver. Think briefly, then answer."
-VERIFIER_PROMPT = ("Problem: {problem}\n\nProposed solution: {draft}\n\n"
-                   "Is the proposed solution correct? Check it and say why in one or two sentences.")
+VERIFIER_PROMPT = (
+    "Problem: {problem}\n\nProposed solution: {draft}\n\n"
+    "Is the proposed solution correct? Check it and say why in one or two sentences."
+)
 REVISE_PROMPT = "A reviewer wrote: {critique}\n\nGive your final answer."
 
 
@@ -22,5 +24,4 @@ async def solver_verifier(task, agents, system: str = SOLVER_SYSTEM) -> HarnessR
     draft = await solver.reply(task.prompt)
     critique = await agents["verifier"].chat(VERIFIER_PROMPT.format(problem=task.question, draft=draft))
     final = await solver.reply(REVISE_PROMPT.format(critique=critique))
-    return HarnessResult(reward=task.score(final),
-                         info={"draft_score": task.score(draft), "answer": task.answer})
+    return HarnessResult(reward=task.score(final), info={"draft_score": task.score(draft), "answer": task.answer})

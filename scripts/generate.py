@@ -47,14 +47,23 @@ def generate(cfg: GenerateJobConfig) -> dict:
         traces: list[Trace] = []
         for _ in range(num_groups):
             traces += fleet.take(1, deadline - time.perf_counter())[0]
-            print(f"[generate] {len(traces)}/{num_groups * r.group_size} traces "
-                  f"{time.perf_counter() - t0:6.1f}s", flush=True)
+            print(
+                f"[generate] {len(traces)}/{num_groups * r.group_size} traces {time.perf_counter() - t0:6.1f}s",
+                flush=True,
+            )
         wall = time.perf_counter() - t0
     write_jsonl(traces, cfg.out)
-    return {"out": cfg.out, "harness": cfg.harness.name, "task": cfg.task.name, "model": cfg.model.name,
-            "traces": len(traces), "wall_s": round(wall, 2), "traces_per_s": round(len(traces) / wall, 3),
-            "generated_tokens_per_s": round(sum(t.num_generated_tokens for t in traces) / wall, 1),
-            **trace_metrics(traces, "rollout")}
+    return {
+        "out": cfg.out,
+        "harness": cfg.harness.name,
+        "task": cfg.task.name,
+        "model": cfg.model.name,
+        "traces": len(traces),
+        "wall_s": round(wall, 2),
+        "traces_per_s": round(len(traces) / wall, 3),
+        "generated_tokens_per_s": round(sum(t.num_generated_tokens for t in traces) / wall, 1),
+        **trace_metrics(traces, "rollout"),
+    }
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="generate")

@@ -79,8 +79,16 @@ def sample_traces(cfg, policy: TrainedPolicy, engine) -> list[Trace]:
         prompt = policy.format.render([{"role": "user", "content": f"What is {g + 3} + {g + 4}?"}])
         completions = ray.get(engine.generate.remote(prompt, sampling, seed=g), timeout=300)
         for i, c in enumerate(completions):
-            seq = Sequence(prompt, c.completion_ids, c.logprobs, role, policy.name, c.version,
-                           finish_reason=c.finish_reason, temperature=cfg.sampling.temperature)
+            seq = Sequence(
+                prompt,
+                c.completion_ids,
+                c.logprobs,
+                role,
+                policy.name,
+                c.version,
+                finish_reason=c.finish_reason,
+                temperature=cfg.sampling.temperature,
+            )
             traces.append(Trace(f"t{g}-{i}", f"g{g}", [seq], reward=float(i % 2)))
     return traces
 

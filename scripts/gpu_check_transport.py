@@ -53,8 +53,9 @@ def layout_of(total_mb: int, bucket_mb: int) -> list:
 
 def tensors_of(layout: list, device) -> list[list]:
     g = torch.Generator(device="cpu").manual_seed(0)
-    return [[torch.randn(shape, generator=g).to(getattr(torch, dtype)).to(device) for _, shape, dtype in b]
-            for b in layout]
+    return [
+        [torch.randn(shape, generator=g).to(getattr(torch, dtype)).to(device) for _, shape, dtype in b] for b in layout
+    ]
 
 
 def sender(plan: GroupPlan, device: str, layout: list, pushes: int, plans: mp.Queue, results: mp.Queue) -> None:
@@ -88,8 +89,15 @@ def receiver(member: int, device: str, layout: list, pushes: int, plans: mp.Queu
         seconds.append(time.perf_counter() - t0)
     expected = [t for b in tensors_of(layout, dev) for t in b]
     exact = len(received) == len(expected) and all(torch.equal(a, b) for a, b in zip(received, expected))
-    results.put({"role": f"receiver{member}", "identity": device_identity(dev), "transport": group.transport,
-                 "seconds": seconds, "exact": exact})
+    results.put(
+        {
+            "role": f"receiver{member}",
+            "identity": device_identity(dev),
+            "transport": group.transport,
+            "seconds": seconds,
+            "exact": exact,
+        }
+    )
     group.close()
 
 
@@ -104,8 +112,10 @@ def push_case(transport: str, send_dev: str, recv_dev: str, layout: list, pushes
     ctx = mp.get_context("spawn")
     plans, results = ctx.Queue(), ctx.Queue()
     plan = GroupPlan("127.0.0.1", free_port(), [transport])
-    procs = [ctx.Process(target=sender, args=(plan, send_dev, layout, pushes, plans, results)),
-             ctx.Process(target=receiver, args=(1, recv_dev, layout, pushes, plans, results))]
+    procs = [
+        ctx.Process(target=sender, args=(plan, send_dev, layout, pushes, plans, results)),
+        ctx.Process(target=receiver, args=(1, recv_dev, layout, pushes, plans, results)),
+    ]
     for p in procs:
         p.start()
     out, deadline = {}, time.monotonic() + limit_s
@@ -126,9 +136,14 @@ def push_case(transport: str, send_dev: str, recv_dev: str, layout: list, pushes
         return {"ok": False, "error": f"no result within {limit_s:.0f} s (exit codes {[p.exitcode for p in procs]})"}
     nbytes = sum(torch.Size(s).numel() * getattr(torch, d).itemsize for b in layout for _, s, d in b)
     best = min(max(a, b) for a, b in zip(out["sender"]["seconds"], out["receiver1"]["seconds"]))
-    return {"ok": out["receiver1"]["exact"], "exact": out["receiver1"]["exact"], "bytes": nbytes,
-            "gb_per_s": nbytes / best / 1e9, "seconds": out["receiver1"]["seconds"],
-            "identities": [out["sender"]["identity"], out["receiver1"]["identity"]]}
+    return {
+        "ok": out["receiver1"]["exact"],
+        "exact": out["receiver1"]["exact"],
+        "bytes": nbytes,
+        "gb_per_s": nbytes / best / 1e9,
+        "seconds": out["receiver1"]["seconds"],
+        "identities": [out["sender"]["identity"], out["receiver1"]["identity"]],
+    }
 
 
 def copy_gb_per_s(device: str, nbytes: int) -> float:
@@ -149,18 +164,35 @@ def run(device: str, total_mb: int, bucket_mb: int, pushes: int, limit_s: float)
     layout = layout_of(total_mb, bucket_mb)
     gpus = torch.cuda.device_count() if device == "cuda" else 0
     first = "cuda:0" if device == "cuda" else "cpu"
-    cases = {"ipc": push_case("ipc", first, first, layout, pushes, limit_s),
-             "gloo": push_case("gloo", first, first, layout, pushes, limit_s)}
-    cases["nccl"] = (push_case("nccl", "cuda:0", "cuda:1", layout, pushes, limit_s) if gpus >= 2
-                     else {"skipped": f"needs two GPUs; this machine shows {gpus}"})
+    cases = {
+        "ipc": push_case("ipc", first, first, layout, pushes, limit_s),
+        "gloo": push_case("gloo", first, first, layout, pushes, limit_s),
+    }
+    cases["nccl"] = (
+        push_case("nccl", "cuda:0", "cuda:1", layout, pushes, limit_s)
+        if gpus >= 2
+        else {"skipped": f"needs two GPUs; this machine shows {gpus}"}
+    )
     ids = cases["ipc"].get("identities")
-    cases["choice"] = ({"ok": choose_transport(ids[0], ids[1]) == ("ipc" if device == "cuda" else "gloo"),
-                        "picked": choose_transport(ids[0], ids[1]), "identities": ids} if ids
-                       else {"ok": False, "error": "the ipc case reported no device identities"})
+    cases["choice"] = (
+        {
+            "ok": choose_transport(ids[0], ids[1]) == ("ipc" if device == "cuda" else "gloo"),
+            "picked": choose_transport(ids[0], ids[1]),
+            "identities": ids,
+        }
+        if ids
+        else {"ok": False, "error": "the ipc case reported no device identities"}
+    )
     nbytes = cases["ipc"].get("bytes", total_mb << 20)
-    return {"device": device, "gpus": gpus, "torch": torch.__version__, "buckets": len(layout),
-            "copy_gb_per_s": copy_gb_per_s(first, nbytes), "cases": cases,
-            "ok": all(c.get("ok", True) for c in cases.values() if "skipped" not in c)}
+    return {
+        "device": device,
+        "gpus": gpus,
+        "torch": torch.__version__,
+        "buckets": len(layout),
+        "copy_gb_per_s": copy_gb_per_s(first, nbytes),
+        "cases": cases,
+        "ok": all(c.get("ok", True) for c in cases.values() if "skipped" not in c),
+    }
 
 
 def main() -> None:

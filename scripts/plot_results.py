@@ -17,17 +17,36 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
-KEYS = ("step", "time_s", "rollout/reward", "eval/reward", "perf/step_s", "perf/rollout_wait_s", "perf/train_s",
-        "perf/sync_s")
+KEYS = (
+    "step",
+    "time_s",
+    "rollout/reward",
+    "eval/reward",
+    "perf/step_s",
+    "perf/rollout_wait_s",
+    "perf/train_s",
+    "perf/sync_s",
+)
 POLICY_KEYS = ("loss", "mismatch_kl")  # train/<policy>/<key>, kept for every trained policy
-SUMMARY_KEYS = ("initial_eval_reward", "final_eval_reward", "eval_size", "eval_paired", "eval_failed", "steps",
-                "wall_s", "trained_tokens")
+SUMMARY_KEYS = (
+    "initial_eval_reward",
+    "final_eval_reward",
+    "eval_size",
+    "eval_paired",
+    "eval_failed",
+    "steps",
+    "wall_s",
+    "trained_tokens",
+)
 
 
 def trim(row: dict) -> dict:
     """A metrics row with only the keys the figures (and the results tables) use."""
-    return {k: v for k, v in row.items()
-            if k in KEYS or (k.startswith("train/") and k.count("/") == 2 and k.rsplit("/", 1)[1] in POLICY_KEYS)}
+    return {
+        k: v
+        for k, v in row.items()
+        if k in KEYS or (k.startswith("train/") and k.count("/") == 2 and k.rsplit("/", 1)[1] in POLICY_KEYS)
+    }
 
 
 def add_run(run_dir: Path, name: str) -> Path:
@@ -37,8 +56,9 @@ def add_run(run_dir: Path, name: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     rows = [trim(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (out / "summary.json").write_text(json.dumps({k: summary[k] for k in SUMMARY_KEYS if k in summary}, indent=2)
-                                      + "\n")
+    (out / "summary.json").write_text(
+        json.dumps({k: summary[k] for k in SUMMARY_KEYS if k in summary}, indent=2) + "\n"
+    )
     return out
 
 

@@ -42,16 +42,18 @@ def _run_dir_model(traces: Path) -> str | None:
 def tokenizer_path(model: str | None, traces: Path, parser: argparse.ArgumentParser) -> str:
     if model is None:
         hint = _run_dir_model(traces)
-        where = (f"{traces.parent} looks like a run dir (config.yaml names model {hint!r}); "
-                 f"pass it explicitly, e.g. --model {hint}" if hint else
-                 "e.g. --model tiny, or --model /path/to/hf/model")
+        where = (
+            f"{traces.parent} looks like a run dir (config.yaml names model {hint!r}); "
+            f"pass it explicitly, e.g. --model {hint}"
+            if hint
+            else "e.g. --model tiny, or --model /path/to/hf/model"
+        )
         parser.error(f"--model is required: the tokenizer that decodes the token ids ({where})")
     if model in BUILTIN_MODELS:
         return resolve_model(model)
     folder = Path(model).expanduser()
     if not folder.is_dir():
-        parser.error(f"--model {model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
-                     f"nor a folder")
+        parser.error(f"--model {model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor a folder")
     if not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         parser.error(f"--model {model!r}: no tokenizer.json / tokenizer_config.json in that folder")
     return str(folder)
@@ -81,8 +83,11 @@ def main(argv: list[str] | None = None) -> None:
 
     out = args.out or args.traces.with_suffix(".html")
     shown = f"{len(traces)} of {total} traces" if len(traces) < total else f"{total} traces"
-    page = render_page([build_view(t, decode) for t in traces], title=f"Traces: {args.traces.name}",
-                       subtitle=f"{shown} · {args.traces.resolve()} · tokenizer {args.model}")
+    page = render_page(
+        [build_view(t, decode) for t in traces],
+        title=f"Traces: {args.traces.name}",
+        subtitle=f"{shown} · {args.traces.resolve()} · tokenizer {args.model}",
+    )
     out.write_text(page, encoding="utf-8")
     print(f"[view] wrote {out} ({shown}, {len(page) / 1024:.0f} KiB)")
 

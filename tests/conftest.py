@@ -30,16 +30,23 @@ TIERS = ("unit", "integration", "e2e")
 
 # ---- tiers: every test has exactly one ----------------------------------------------------
 
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered test must fail every run, not only `make test`
 def pytest_collection_modifyitems(config, items):
-    bad = [f"{item.nodeid}: {' + '.join(tiers) or 'no tier'}" for item in items
-           if len(tiers := [m.name for m in item.iter_markers() if m.name in TIERS]) != 1]
+    bad = [
+        f"{item.nodeid}: {' + '.join(tiers) or 'no tier'}"
+        for item in items
+        if len(tiers := [m.name for m in item.iter_markers() if m.name in TIERS]) != 1
+    ]
     if bad:
-        raise pytest.UsageError(f"every test needs exactly one of the marks {', '.join(TIERS)} "
-                                "(module `pytestmark` or a decorator):\n  " + "\n  ".join(bad))
+        raise pytest.UsageError(
+            f"every test needs exactly one of the marks {', '.join(TIERS)} "
+            "(module `pytestmark` or a decorator):\n  " + "\n  ".join(bad)
+        )
 
 
 # ---- fixtures: the shared real components ---------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def tiny_path() -> str:
@@ -116,8 +123,13 @@ def smoke_run(tmp_path_factory):
     import sys
 
     run_dir = tmp_path_factory.mktemp("smoke_run")
-    proc = subprocess.run([sys.executable, "scripts/train.py", "experiment=smoke", f"run_dir={run_dir}",
-                           "trainer.rollouts_every=10"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "scripts/train.py", "experiment=smoke", f"run_dir={run_dir}", "trainer.rollouts_every=10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return run_dir, proc
 
 
@@ -150,8 +162,9 @@ def fixed_batch(hf_tiny, tiny_tokenizer):
         prompt = fmt.render([{"role": "user", "content": f"What is {i} + {i + 1}?"}])
         completion = fmt.encode(f"The answer is {2 * i + 1}.")
         lps = hf_logprobs(hf_tiny, prompt, completion).tolist()
-        traces.append(Trace(f"t{i}", f"g{i // 2}", [Sequence(prompt, completion, lps, "solver", "main", 0)],
-                            reward=float(i % 2)))
+        traces.append(
+            Trace(f"t{i}", f"g{i // 2}", [Sequence(prompt, completion, lps, "solver", "main", 0)], reward=float(i % 2))
+        )
     advs = [[1.0 if i % 2 else -1.0] for i in range(6)]
     batches = pack(build_rows(traces, advs, token_weights(traces, "token")), token_budget=64)
     assert len(batches) >= 3
@@ -174,8 +187,19 @@ def run_harness(engine, tiny_tokenizer):
         task = ReasoningGymTasks("chain_sum", {"min_terms": 2, "max_terms": 3}).train_task(task_index)
         rec = TraceRecorder(f"t{task_index}")
         fmt = ChatFormat(tiny_tokenizer)
-        agents = {r: Agent(r, "frozen" if r in frozen else "main", Router([engine]), fmt, rec,
-                           SamplingConfig(max_tokens=max_tokens), seed=7, trainable=r not in frozen) for r in roles}
+        agents = {
+            r: Agent(
+                r,
+                "frozen" if r in frozen else "main",
+                Router([engine]),
+                fmt,
+                rec,
+                SamplingConfig(max_tokens=max_tokens),
+                seed=7,
+                trainable=r not in frozen,
+            )
+            for r in roles
+        }
         result = as_result(asyncio.run(load_harness(target)(task, agents, **options)))
         return task, rec.sequences, result
 
@@ -195,10 +219,13 @@ def run_worker(engine, tiny_path):
 
     def run(harness, agents, n_tasks, group_size=2, timeout_s=20.0, max_tokens=16, vocab_size=512):
         policies = set(agents.values())
-        cfg = GenerateJobConfig(harness=harness, agents=agents,
-                                task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
-                                rollout=RolloutConfig(concurrency=8, group_size=group_size, timeout_s=timeout_s),
-                                sampling=SamplingConfig(max_tokens=max_tokens))
+        cfg = GenerateJobConfig(
+            harness=harness,
+            agents=agents,
+            task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
+            rollout=RolloutConfig(concurrency=8, group_size=group_size, timeout_s=timeout_s),
+            sampling=SamplingConfig(max_tokens=max_tokens),
+        )
         buffer = spawn_buffer(group_size, {p: vocab_size for p in policies})
         [worker] = spawn_workers(cfg, {p: [engine] for p in policies}, {p: tiny_path for p in policies}, buffer)
         try:
@@ -214,10 +241,13 @@ def run_worker(engine, tiny_path):
 
 # ---- helpers ----------------------------------------------------------------------------
 
+
 def chat_prompt(tok, text: str = PROMPT) -> list[int]:
     """Token ids of one user turn plus the assistant header, through the tokenizer's chat template."""
-    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                              add_generation_prompt=True), add_special_tokens=False)
+    return tok.encode(
+        tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+    )
 
 
 def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: float = 1.0):

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.unit
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # Which config groups each entry point's defaults list has (conf/train.yaml, conf/generate.yaml).
-GROUPS = {"train": ["model", "harness", "task", "algorithm", "logger", "cluster", "experiment"],
-          "generate": ["model", "harness", "task", "cluster"]}
+GROUPS = {
+    "train": ["model", "harness", "task", "algorithm", "logger", "cluster", "experiment"],
+    "generate": ["model", "harness", "task", "cluster"],
+}
 SCHEMAS = {"train": (TrainJobConfig, validate_train), "generate": (GenerateJobConfig, validate_generate)}
 
 
@@ -30,8 +32,10 @@ def test_every_group_is_composed_by_a_test():
     assert groups == sorted(GROUPS["train"]), "a new config group needs a line in GROUPS"
 
 
-@pytest.mark.parametrize("entry, group, option", [
-    (entry, group, option) for entry, groups in GROUPS.items() for group in groups for option in options(group)])
+@pytest.mark.parametrize(
+    "entry, group, option",
+    [(entry, group, option) for entry, groups in GROUPS.items() for group in groups for option in options(group)],
+)
 def test_every_option_composes_and_validates(entry, group, option):
     schema, validate = SCHEMAS[entry]
     cfg = compose(entry, [f"{group}={option}"])
@@ -93,15 +97,18 @@ def test_bad_type_fails_naming_the_key():
     assert "could not be converted to Float" in str(e.value.__cause__)
 
 
-@pytest.mark.parametrize("override, choices", [
-    ("model.dtype=fp16", "float32, bfloat16"),
-    ("engine.sync_pause_mode=abort", "wait, keep"),
-    ("engine.core=fork", "auto, thread, process"),
-    ("learner.optimizer=adam", "adamw, sgd"),
-    ("algorithm.loss.normalization=tokens", "token, sequence, trace, constant"),
-    ("algorithm.advantage.estimator=ppo", "grpo, rloo, batch_mean, uniform"),
-    ("logger.mode=loud", "offline, online, disabled"),
-])
+@pytest.mark.parametrize(
+    "override, choices",
+    [
+        ("model.dtype=fp16", "float32, bfloat16"),
+        ("engine.sync_pause_mode=abort", "wait, keep"),
+        ("engine.core=fork", "auto, thread, process"),
+        ("learner.optimizer=adam", "adamw, sgd"),
+        ("algorithm.loss.normalization=tokens", "token, sequence, trace, constant"),
+        ("algorithm.advantage.estimator=ppo", "grpo, rloo, batch_mean, uniform"),
+        ("logger.mode=loud", "offline, online, disabled"),
+    ],
+)
 def test_enum_choices_are_checked_at_compose_time(override, choices):
     key = override.split("=")[0]
     with pytest.raises(ConfigCompositionException, match=key) as e:
@@ -109,13 +116,16 @@ def test_enum_choices_are_checked_at_compose_time(override, choices):
     assert f"expected one of [{choices}]" in str(e.value.__cause__)
 
 
-@pytest.mark.parametrize("override, msg", [
-    ("sampling.top_p=0", "sampling.top_p"),
-    ("sampling.max_tokens=4096", "model.max_model_len"),
-    ("rollout.group_size=0", "rollout.group_size"),
-    ("harness.options.rounds=2", "harness.options"),  # single_turn takes no `rounds`
-    ("engine.vllm_log_level=LOUD", "engine.vllm_log_level=LOUD: DEBUG, INFO"),
-])
+@pytest.mark.parametrize(
+    "override, msg",
+    [
+        ("sampling.top_p=0", "sampling.top_p"),
+        ("sampling.max_tokens=4096", "model.max_model_len"),
+        ("rollout.group_size=0", "rollout.group_size"),
+        ("harness.options.rounds=2", "harness.options"),  # single_turn takes no `rounds`
+        ("engine.vllm_log_level=LOUD", "engine.vllm_log_level=LOUD: DEBUG, INFO"),
+    ],
+)
 def test_bad_values_fail_validation(override, msg):
     override = override if "options" not in override else "+" + override
     with pytest.raises(ValueError, match=msg):
@@ -133,22 +143,25 @@ def test_a_thread_core_with_tensor_parallel_ranks_is_refused_and_auto_picks_the_
     assert core_kind(compose("generate", ["engine.num_gpus=1"]).engine) == "process"
 
 
-@pytest.mark.parametrize("override, msg", [
-    ("trainer.save_every=-1", "trainer.save_every must be >= 0"),
-    ("trainer.keep_last=0", "trainer.keep_last must be >= 1"),
-    ("trainer.max_skipped_steps=0", "trainer.max_skipped_steps must be >= 1"),
-    ("trainer.max_failed_fraction=1.5", r"trainer.max_failed_fraction must be in \[0, 1\]"),
-    ("rollout.worker_restart_timeout_s=0", "rollout.worker_restart_timeout_s must be > 0"),
-    ("engine.request_timeout_s=0", r"engine.request_timeout_s=0.0 must be > 0"),
-    ("engine.health_timeout_s=-1", r"engine.health_timeout_s=-1.0 must be > 0"),
-    ("engine.max_restarts=-1", "engine.max_restarts must be >= 0"),
-    ("engine.request_timeout_s=400", r"engine.request_timeout_s=400.0 must be < rollout.timeout_s=300.0"),
-    ("engine.sync_timeout_s=100", r"engine.sync_timeout_s=100.0 must be > engine.request_timeout_s=240.0"),
-    ("trainer.rollout_timeout_s=0", "trainer.rollout_timeout_s must be > 0"),
-    ("eval.timeout_s=0", "eval.timeout_s must be > 0"),
-    ("eval.max_tokens=100000", r"eval.max_tokens=100000 must be in \[1, model.max_model_len"),
-    ("learner.call_timeout_s=0", "learner.call_timeout_s and learner.dist_timeout_s must be > 0"),
-])
+@pytest.mark.parametrize(
+    "override, msg",
+    [
+        ("trainer.save_every=-1", "trainer.save_every must be >= 0"),
+        ("trainer.keep_last=0", "trainer.keep_last must be >= 1"),
+        ("trainer.max_skipped_steps=0", "trainer.max_skipped_steps must be >= 1"),
+        ("trainer.max_failed_fraction=1.5", r"trainer.max_failed_fraction must be in \[0, 1\]"),
+        ("rollout.worker_restart_timeout_s=0", "rollout.worker_restart_timeout_s must be > 0"),
+        ("engine.request_timeout_s=0", r"engine.request_timeout_s=0.0 must be > 0"),
+        ("engine.health_timeout_s=-1", r"engine.health_timeout_s=-1.0 must be > 0"),
+        ("engine.max_restarts=-1", "engine.max_restarts must be >= 0"),
+        ("engine.request_timeout_s=400", r"engine.request_timeout_s=400.0 must be < rollout.timeout_s=300.0"),
+        ("engine.sync_timeout_s=100", r"engine.sync_timeout_s=100.0 must be > engine.request_timeout_s=240.0"),
+        ("trainer.rollout_timeout_s=0", "trainer.rollout_timeout_s must be > 0"),
+        ("eval.timeout_s=0", "eval.timeout_s must be > 0"),
+        ("eval.max_tokens=100000", r"eval.max_tokens=100000 must be in \[1, model.max_model_len"),
+        ("learner.call_timeout_s=0", "learner.call_timeout_s and learner.dist_timeout_s must be > 0"),
+    ],
+)
 def test_bad_fault_settings_fail_validation(override, msg):
     with pytest.raises(ValueError, match=msg):
         validate_train(compose("train", [override]))
@@ -156,18 +169,24 @@ def test_bad_fault_settings_fail_validation(override, msg):
         validate_train(compose("train", ["trainer.resume=auto", "trainer.overwrite=true"]))
 
 
-@pytest.mark.parametrize("overrides, msg", [
-    (["harness.options.command=python a.py", "harness.options.agent=examples.calculator_agent.agent"],
-     "set exactly one of agent"),
-    (["harness.options.agent=examples.calculator_agent.nope"], "harness.options.agent=.* cannot be imported"),
-    (["harness.options.agent=examples.calculator_agent.calculator"], "must be an async function"),
-    (["harness.options.command=python a.py", "harness.options.timeout_s=0"], "timeout_s must be > 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, msg",
+    [
+        (
+            ["harness.options.command=python a.py", "harness.options.agent=examples.calculator_agent.agent"],
+            "set exactly one of agent",
+        ),
+        (["harness.options.agent=examples.calculator_agent.nope"], "harness.options.agent=.* cannot be imported"),
+        (["harness.options.agent=examples.calculator_agent.calculator"], "must be an async function"),
+        (["harness.options.command=python a.py", "harness.options.timeout_s=0"], "timeout_s must be > 0"),
+    ],
+)
 def test_openai_agent_options_are_checked_at_start(overrides, msg):
     with pytest.raises(ValueError, match=msg):
         validate_generate(compose("generate", ["harness=openai_agent", *overrides]))
-    validate_generate(compose("generate", ["harness=openai_agent",
-                                           "harness.options.agent=examples.calculator_agent.agent"]))
+    validate_generate(
+        compose("generate", ["harness=openai_agent", "harness.options.agent=examples.calculator_agent.agent"])
+    )
 
 
 def test_unmapped_role_fails():
@@ -187,8 +206,9 @@ def test_unknown_harness_or_task_class_fails_naming_the_key():
         validate_generate(compose("generate", ["task._target_=harnesses.nope.Tasks"]))
 
 
-@pytest.mark.parametrize("overrides", [[f"task={t}"] for t in options("task")] +
-                         [[f"experiment={e}"] for e in options("experiment")])
+@pytest.mark.parametrize(
+    "overrides", [[f"task={t}"] for t in options("task")] + [[f"experiment={e}"] for e in options("experiment")]
+)
 def test_shipped_tasks_hold_out_by_content(overrides):
     """No question of a shipped task's held-out set is ever a training question, for every
     training index the config uses (and more); the held-out questions are all different."""
@@ -209,6 +229,7 @@ def test_an_impossible_eval_size_fails_the_config_check():
 
 # ---- policies: several sets of weights in one run ----------------------------------------------
 
+
 def test_without_a_policies_section_main_is_trained_and_frozen_is_the_same_model_untrained():
     cfg = compose("train", ["harness=solver_verifier", "agents.verifier=frozen"])
     validate_train(cfg)
@@ -218,8 +239,16 @@ def test_without_a_policies_section_main_is_trained_and_frozen_is_the_same_model
 
 
 def test_each_policy_overrides_the_top_level_sections_key_by_key():
-    cfg = compose("train", ["harness=solver_verifier", "agents.verifier=critic", "+policies.critic.learner.lr=3e-4",
-                            "+policies.critic.engine.num_engines=2", "+policies.critic.model.name=tiny_tied"])
+    cfg = compose(
+        "train",
+        [
+            "harness=solver_verifier",
+            "agents.verifier=critic",
+            "+policies.critic.learner.lr=3e-4",
+            "+policies.critic.engine.num_engines=2",
+            "+policies.critic.model.name=tiny_tied",
+        ],
+    )
     validate_train(cfg)
     assert cfg.trainable_policies() == ["critic", "main"]
     assert cfg.policy_learner("critic").lr == 3e-4 and cfg.policy_learner("main").lr == cfg.learner.lr
@@ -231,40 +260,70 @@ def test_each_policy_overrides_the_top_level_sections_key_by_key():
 
 
 def test_a_policy_gets_its_own_nodes_by_replacing_the_resources_it_asks_for():
-    cfg = compose("train", ["cluster=two_node_cpu", "harness=solver_verifier", "agents.verifier=critic",
-                            "+policies.critic.engine.resources={critic_node: 0.5}"])
+    cfg = compose(
+        "train",
+        [
+            "cluster=two_node_cpu",
+            "harness=solver_verifier",
+            "agents.verifier=critic",
+            "+policies.critic.engine.resources={critic_node: 0.5}",
+        ],
+    )
     validate_train(cfg)
     assert cfg.policy_engine("critic").resources == {"critic_node": 0.5}, "replaced, not merged"
     assert cfg.policy_engine("main").resources == {"rollout_node": 0.5}
 
 
-@pytest.mark.parametrize("overrides, msg", [
-    (["agents.verifier=critic"],
-     r"agents.verifier='critic' is not a policy; define it, e.g. \+policies.critic.trainable=true"),
-    (["+policies.critic.trainable=true"], r"policies.critic is used by no role; map one to it"),
-    (["agents.verifier=critic", "+policies.critic.model.path=/nowhere/x"],
-     r"policies.critic.model: path='/nowhere/x' is not an HF model folder"),
-    (["agents.verifier=critic", "+policies.critic.model.name=gpt5"],
-     r"policies.critic.model: name='gpt5' is not built in"),
-    (["agents.verifier=critic", "+policies.critic.learner.lrr=1"], r"policies.critic.learner.lrr: Key 'lrr' not in"),
-    (["agents.verifier=critic", "+policies.critic.learner.lr=0"], r"policies.critic.learner.lr must be > 0"),
-    (["agents.verifier=critic", "+policies.critic.engine.num_gpus=lots"],
-     r"policies.critic.engine.num_gpus: Value 'lots' .* could not be converted to Float"),
-    (["agents.verifier=critic", "+policies.critic.trainabel=true"], r"policies.critic.trainabel: Key 'trainabel'"),
-    (["agents.verifier=judge", "+policies.judge.trainable=false", "+policies.judge.learner.lr=1e-4"],
-     r"policies.judge.learner is set but policy 'judge' is not trainable"),
-    (["agents.verifier=frozen", "agents.solver=frozen"], r"agents: no role is mapped to a trainable policy"),
-    (["sync.method=collective", "+policies.main.lora.rank=8"],
-     r"sync.method=collective carries full weights, and policies.main.lora makes 'main' an adapter; "
-     r"use sync.method=auto"),
-    (["engine.num_gpus=1"], r"sync.method=auto: learner.num_gpus and the engines' num_gpus of policy 'main' must both"),
-    (["sync.method=rdma"], r"sync.method"),
-    (["sync.transport=nccl"], r"sync.transport=nccl needs GPUs on both sides: learner.num_gpus and the engines'"),
-    (["sync.transport=rdma"], r"sync.transport"),
-    (["engine.block_size=16"], r"engine.block_size=16 must be a multiple of 32 \(vLLM's CPU attention\)"),
-    (["agents.verifier=critic", "+policies.critic.engine.cpu_cores=half"],
-     r"policies.critic.engine.cpu_cores='half': auto, all, i/n \(the i-th of n shares"),
-])
+@pytest.mark.parametrize(
+    "overrides, msg",
+    [
+        (
+            ["agents.verifier=critic"],
+            r"agents.verifier='critic' is not a policy; define it, e.g. \+policies.critic.trainable=true",
+        ),
+        (["+policies.critic.trainable=true"], r"policies.critic is used by no role; map one to it"),
+        (
+            ["agents.verifier=critic", "+policies.critic.model.path=/nowhere/x"],
+            r"policies.critic.model: path='/nowhere/x' is not an HF model folder",
+        ),
+        (
+            ["agents.verifier=critic", "+policies.critic.model.name=gpt5"],
+            r"policies.critic.model: name='gpt5' is not built in",
+        ),
+        (
+            ["agents.verifier=critic", "+policies.critic.learner.lrr=1"],
+            r"policies.critic.learner.lrr: Key 'lrr' not in",
+        ),
+        (["agents.verifier=critic", "+policies.critic.learner.lr=0"], r"policies.critic.learner.lr must be > 0"),
+        (
+            ["agents.verifier=critic", "+policies.critic.engine.num_gpus=lots"],
+            r"policies.critic.engine.num_gpus: Value 'lots' .* could not be converted to Float",
+        ),
+        (["agents.verifier=critic", "+policies.critic.trainabel=true"], r"policies.critic.trainabel: Key 'trainabel'"),
+        (
+            ["agents.verifier=judge", "+policies.judge.trainable=false", "+policies.judge.learner.lr=1e-4"],
+            r"policies.judge.learner is set but policy 'judge' is not trainable",
+        ),
+        (["agents.verifier=frozen", "agents.solver=frozen"], r"agents: no role is mapped to a trainable policy"),
+        (
+            ["sync.method=collective", "+policies.main.lora.rank=8"],
+            r"sync.method=collective carries full weights, and policies.main.lora makes 'main' an adapter; "
+            r"use sync.method=auto",
+        ),
+        (
+            ["engine.num_gpus=1"],
+            r"sync.method=auto: learner.num_gpus and the engines' num_gpus of policy 'main' must both",
+        ),
+        (["sync.method=rdma"], r"sync.method"),
+        (["sync.transport=nccl"], r"sync.transport=nccl needs GPUs on both sides: learner.num_gpus and the engines'"),
+        (["sync.transport=rdma"], r"sync.transport"),
+        (["engine.block_size=16"], r"engine.block_size=16 must be a multiple of 32 \(vLLM's CPU attention\)"),
+        (
+            ["agents.verifier=critic", "+policies.critic.engine.cpu_cores=half"],
+            r"policies.critic.engine.cpu_cores='half': auto, all, i/n \(the i-th of n shares",
+        ),
+    ],
+)
 def test_policy_config_errors_name_the_key_and_the_fix(overrides, msg):
     with pytest.raises((ValueError, ConfigCompositionException), match=msg):
         validate_train(compose("train", ["harness=solver_verifier", *overrides]))
@@ -285,9 +344,16 @@ def test_a_local_cluster_holds_every_actor_of_any_agents_mapping():
 
 # ---- LoRA policies: adapters on one base share its engines ------------------------------------
 
+
 def test_lora_policies_and_the_frozen_base_share_one_engine_pool_and_one_learner_group():
-    cfg_args = ["harness=debate", "agents.debater_a=a", "agents.debater_b=b",
-                "+policies.a.lora.rank=16", "+policies.b.lora.alpha=8", "+policies.b.lora.rank=4"]
+    cfg_args = [
+        "harness=debate",
+        "agents.debater_a=a",
+        "agents.debater_b=b",
+        "+policies.a.lora.rank=16",
+        "+policies.b.lora.alpha=8",
+        "+policies.b.lora.rank=4",
+    ]
     cfg = compose("train", cfg_args)
     validate_train(cfg)
     assert cfg.policy_lora("a").rank == 16 and cfg.policy_lora("a").alpha == 32.0  # the schema's defaults
@@ -302,31 +368,53 @@ def test_lora_policies_and_the_frozen_base_share_one_engine_pool_and_one_learner
     # each adapter's optimizer settings are its own
     assert compose("train", [*cfg_args, "+policies.b.learner.lr=1e-3"]).learner_groups() == {"a+b": ["a", "b"]}
     # a full trained policy of the same model keeps its own engines; a frozen judge of another model too
-    cfg = compose("train", ["harness=debate", "agents.debater_a=a", "+policies.a.lora.rank=8",
-                            "agents.judge=judge", "+policies.judge.trainable=false",
-                            "+policies.judge.model.name=tiny_tied"])
+    cfg = compose(
+        "train",
+        [
+            "harness=debate",
+            "agents.debater_a=a",
+            "+policies.a.lora.rank=8",
+            "agents.judge=judge",
+            "+policies.judge.trainable=false",
+            "+policies.judge.model.name=tiny_tied",
+        ],
+    )
     validate_train(cfg)
     assert cfg.engine_pools() == {"main": ["main"], "judge": ["judge"], "a": ["a"]}
 
 
-@pytest.mark.parametrize("overrides, msg", [
-    (["+policies.critic.lora.rank=0"], r"policies.critic.lora.rank=0 must be in \[1, 512\]"),
-    (["+policies.critic.lora.rnak=8"], r"policies.critic.lora.rnak: Key 'rnak' not in"),
-    (["+policies.critic.lora.target_modules=[]"], r"policies.critic.lora.target_modules is empty"),
-    (["+policies.critic.lora.dropout=0.1"], r"policies.critic.lora.dropout=0.1: .* set it to 0"),
-    (["+policies.critic.lora.rank=8", "+policies.critic.trainable=false"],
-     r"policies.critic.lora is set but policy 'critic' is not trainable"),
-    (["+policies.critic.lora.rank=8", "agents.solver=frozen", "+policies.critic.engine.num_engines=2"],
-     r"policies \['critic', 'frozen'\] share engines .* engine settings differ"),
-])
+@pytest.mark.parametrize(
+    "overrides, msg",
+    [
+        (["+policies.critic.lora.rank=0"], r"policies.critic.lora.rank=0 must be in \[1, 512\]"),
+        (["+policies.critic.lora.rnak=8"], r"policies.critic.lora.rnak: Key 'rnak' not in"),
+        (["+policies.critic.lora.target_modules=[]"], r"policies.critic.lora.target_modules is empty"),
+        (["+policies.critic.lora.dropout=0.1"], r"policies.critic.lora.dropout=0.1: .* set it to 0"),
+        (
+            ["+policies.critic.lora.rank=8", "+policies.critic.trainable=false"],
+            r"policies.critic.lora is set but policy 'critic' is not trainable",
+        ),
+        (
+            ["+policies.critic.lora.rank=8", "agents.solver=frozen", "+policies.critic.engine.num_engines=2"],
+            r"policies \['critic', 'frozen'\] share engines .* engine settings differ",
+        ),
+    ],
+)
 def test_lora_config_errors_name_the_key_and_the_fix(overrides, msg):
     with pytest.raises(ValueError, match=msg):
         validate_train(compose("train", ["harness=solver_verifier", "agents.verifier=critic", *overrides]))
 
 
 def test_sync_method_auto_is_collective_for_full_weights_and_object_store_for_adapters():
-    cfg = compose("train", ["harness=solver_verifier", "agents.verifier=critic", "+policies.critic.trainable=true",
-                            "+policies.critic.lora.rank=8"])
+    cfg = compose(
+        "train",
+        [
+            "harness=solver_verifier",
+            "agents.verifier=critic",
+            "+policies.critic.trainable=true",
+            "+policies.critic.lora.rank=8",
+        ],
+    )
     validate_train(cfg)
     assert (cfg.sync_method("main"), cfg.sync_method("critic")) == ("collective", "object_store")
     cfg = compose("train", ["sync.method=object_store", "engine.num_gpus=1", "ray.num_gpus=1"])

@@ -19,8 +19,9 @@ TWO_TRAINED = {"smollm2_two_policies"}  # two learners and two pools: more than 
 
 def test_every_cluster_preset_has_its_learner_part():
     """conf/train.yaml takes a preset's learner ranks from cluster/learner/<the same name>."""
-    assert sorted(p.stem for p in (CONF / "cluster").glob("*.yaml")) == \
-        sorted(p.stem for p in (CONF / "cluster/learner").glob("*.yaml"))
+    assert sorted(p.stem for p in (CONF / "cluster").glob("*.yaml")) == sorted(
+        p.stem for p in (CONF / "cluster/learner").glob("*.yaml")
+    )
 
 
 @pytest.mark.parametrize("experiment", sorted(set(EXPERIMENTS) - TWO_TRAINED))
@@ -41,9 +42,12 @@ def test_every_experiment_fits_one_gpu_with_the_gpu_preset(experiment):
 
 def test_two_trained_policies_do_not_fit_one_gpu_and_the_error_says_which_keys():
     cfg = compose("train", ["experiment=smollm2_two_policies", "cluster=gpu", "ray.num_gpus=1"])
-    with pytest.raises(ValueError, match=r"needs 2 GPU\(s\) \(engines of pool 'critic': 1 x engine.num_gpus=0.25;"
-                                         r".*learner ranks of 'main': 1 x learner.num_gpus=0.4\) but the local "
-                                         r"cluster \(ray.num_gpus=1\) has 1: .*cluster=gpu holds one learner rank"):
+    with pytest.raises(
+        ValueError,
+        match=r"needs 2 GPU\(s\) \(engines of pool 'critic': 1 x engine.num_gpus=0.25;"
+        r".*learner ranks of 'main': 1 x learner.num_gpus=0.4\) but the local "
+        r"cluster \(ray.num_gpus=1\) has 1: .*cluster=gpu holds one learner rank",
+    ):
         validate(cfg)
     validate(compose("train", ["experiment=smollm2_two_policies", "cluster=gpu", "ray.num_gpus=2"]))
 
@@ -65,44 +69,79 @@ def test_the_gpu_presets_need_gpus_and_say_which_preset_fits():
             validate(compose("train", [f"cluster={preset}", "ray.num_gpus=0"]))
 
 
-@pytest.mark.parametrize("overrides, msg", [
-    # more GPUs than the machine: the preset that fits
-    (["experiment=smoke", "cluster=gpu_node", "ray.num_gpus=1"],
-     r"needs 3 GPU\(s\) \(engines of pool 'main': 1 x engine.num_gpus=1; learner ranks of 'main': 2 x "
-     r"learner.num_gpus=1\) but the local cluster \(ray.num_gpus=1\) has 1: use cluster=gpu"),
-    (["experiment=smoke", "cluster=gpu_node", "ray.num_gpus=2"],
-     r"needs 3 GPU\(s\) .* has 2: ask fewer engines or learner ranks \(engine.num_engines, learner.world_size"),
-    # a per-policy override is named as such
-    (["experiment=smollm2_solver_verifier", "cluster=gpu", "ray.num_gpus=1", "+policies.frozen.engine.num_gpus=1"],
-     r"needs 2 GPU\(s\) \(engines of pool 'frozen': 1 x policies.frozen.engine.num_gpus=1; "
-     r"engines of pool 'main': 1 x engine.num_gpus=0.25"),
-    # learner ranks > 1 need whole GPUs
-    (["cluster=gpu", "ray.num_gpus=1", "learner.world_size=2"],
-     r"learner.world_size=2 with learner.num_gpus=0.4: DeepSpeed ranks need a whole GPU each .* set "
-     r"learner.world_size=1 \(cluster=gpu\) or learner.num_gpus=1 \(cluster=gpu_node\)"),
-    (["cluster=gpu", "ray.num_gpus=1", "learner.num_gpus=2"],
-     r"learner.num_gpus=2.0: a learner rank uses one GPU.*cluster=gpu_node"),
-    # memory shares of one GPU add up below 1
-    (["cluster=gpu", "ray.num_gpus=1", "engine.num_gpus=0.5", "engine.gpu_memory_utilization=0.5",
-      "learner.num_gpus=0.5"],
-     r"sharing one GPU take 1 of its memory, which must add up below 1 \(engines of pool 'main': 1 x "
-     r"engine.gpu_memory_utilization=0.5; learner ranks of 'main': 1 x learner.num_gpus=0.5\); "
-     r".*cluster=gpu.*cluster=gpu_node"),
-    (["cluster=gpu", "ray.num_gpus=1", "engine.gpu_memory_utilization=0.85"],
-     r"engine.gpu_memory_utilization=0.85 is more than engine.num_gpus=0.25: .*cluster=gpu: 0.25 and 0.25"),
-    # ranges
-    (["cluster=gpu", "ray.num_gpus=1", "engine.gpu_memory_utilization=1.0"],
-     r"engine.gpu_memory_utilization=1.0 must be in \(0, 1\) .*cluster=gpu: 0.25"),
-    (["engine.num_gpus=-1"], r"engine.num_gpus=-1.0 must be 0 \(CPU\), a fraction .*cluster=gpu.*cluster=gpu_node"),
-    (["cluster=gpu_node", "ray.num_gpus=4", "engine.num_gpus=1.5"], r"engine.num_gpus=1.5 must be 0 \(CPU\)"),
-    (["cluster=gpu_node", "ray.num_gpus=4", "engine.num_gpus=2"],
-     r"engine.num_gpus=2.0: an engine uses one GPU per tensor-parallel rank; set engine.num_gpus=1 or "
-     r"engine.tensor_parallel_size=2"),
-    (["cluster=gpu_node", "ray.num_gpus=4", "engine.tensor_parallel_size=2"],
-     r"engine.tensor_parallel_size=2 needs whole GPUs, one per rank: set engine.num_gpus=2 \(cluster=gpu_node\)"),
-    (["cluster=gpu", "ray.num_gpus=1", "engine.tensor_parallel_size=2"],
-     r"engine.tensor_parallel_size=2 needs whole GPUs"),
-])
+@pytest.mark.parametrize(
+    "overrides, msg",
+    [
+        # more GPUs than the machine: the preset that fits
+        (
+            ["experiment=smoke", "cluster=gpu_node", "ray.num_gpus=1"],
+            r"needs 3 GPU\(s\) \(engines of pool 'main': 1 x engine.num_gpus=1; learner ranks of 'main': 2 x "
+            r"learner.num_gpus=1\) but the local cluster \(ray.num_gpus=1\) has 1: use cluster=gpu",
+        ),
+        (
+            ["experiment=smoke", "cluster=gpu_node", "ray.num_gpus=2"],
+            r"needs 3 GPU\(s\) .* has 2: ask fewer engines or learner ranks \(engine.num_engines, learner.world_size",
+        ),
+        # a per-policy override is named as such
+        (
+            [
+                "experiment=smollm2_solver_verifier",
+                "cluster=gpu",
+                "ray.num_gpus=1",
+                "+policies.frozen.engine.num_gpus=1",
+            ],
+            r"needs 2 GPU\(s\) \(engines of pool 'frozen': 1 x policies.frozen.engine.num_gpus=1; "
+            r"engines of pool 'main': 1 x engine.num_gpus=0.25",
+        ),
+        # learner ranks > 1 need whole GPUs
+        (
+            ["cluster=gpu", "ray.num_gpus=1", "learner.world_size=2"],
+            r"learner.world_size=2 with learner.num_gpus=0.4: DeepSpeed ranks need a whole GPU each .* set "
+            r"learner.world_size=1 \(cluster=gpu\) or learner.num_gpus=1 \(cluster=gpu_node\)",
+        ),
+        (
+            ["cluster=gpu", "ray.num_gpus=1", "learner.num_gpus=2"],
+            r"learner.num_gpus=2.0: a learner rank uses one GPU.*cluster=gpu_node",
+        ),
+        # memory shares of one GPU add up below 1
+        (
+            [
+                "cluster=gpu",
+                "ray.num_gpus=1",
+                "engine.num_gpus=0.5",
+                "engine.gpu_memory_utilization=0.5",
+                "learner.num_gpus=0.5",
+            ],
+            r"sharing one GPU take 1 of its memory, which must add up below 1 \(engines of pool 'main': 1 x "
+            r"engine.gpu_memory_utilization=0.5; learner ranks of 'main': 1 x learner.num_gpus=0.5\); "
+            r".*cluster=gpu.*cluster=gpu_node",
+        ),
+        (
+            ["cluster=gpu", "ray.num_gpus=1", "engine.gpu_memory_utilization=0.85"],
+            r"engine.gpu_memory_utilization=0.85 is more than engine.num_gpus=0.25: .*cluster=gpu: 0.25 and 0.25",
+        ),
+        # ranges
+        (
+            ["cluster=gpu", "ray.num_gpus=1", "engine.gpu_memory_utilization=1.0"],
+            r"engine.gpu_memory_utilization=1.0 must be in \(0, 1\) .*cluster=gpu: 0.25",
+        ),
+        (["engine.num_gpus=-1"], r"engine.num_gpus=-1.0 must be 0 \(CPU\), a fraction .*cluster=gpu.*cluster=gpu_node"),
+        (["cluster=gpu_node", "ray.num_gpus=4", "engine.num_gpus=1.5"], r"engine.num_gpus=1.5 must be 0 \(CPU\)"),
+        (
+            ["cluster=gpu_node", "ray.num_gpus=4", "engine.num_gpus=2"],
+            r"engine.num_gpus=2.0: an engine uses one GPU per tensor-parallel rank; set engine.num_gpus=1 or "
+            r"engine.tensor_parallel_size=2",
+        ),
+        (
+            ["cluster=gpu_node", "ray.num_gpus=4", "engine.tensor_parallel_size=2"],
+            r"engine.tensor_parallel_size=2 needs whole GPUs, one per rank: set engine.num_gpus=2 \(cluster=gpu_node\)",
+        ),
+        (
+            ["cluster=gpu", "ray.num_gpus=1", "engine.tensor_parallel_size=2"],
+            r"engine.tensor_parallel_size=2 needs whole GPUs",
+        ),
+    ],
+)
 def test_gpu_config_errors_name_the_keys_and_a_preset(overrides, msg):
     with pytest.raises(ValueError, match=msg):
         validate(compose("train", overrides))
@@ -120,17 +159,20 @@ def test_a_joined_cluster_is_compared_once_ray_has_joined_it():
     validate(compose("train", ["cluster=multinode_gpu", "learner.world_size=64"]))
 
 
-@pytest.mark.parametrize("args, gpus, picked", [
-    ([], 0, "cluster=local"),
-    (["experiment=smoke"], 1, "cluster=gpu"),
-    (["experiment=smoke"], 8, "cluster=gpu_node"),
-    (["ray.num_gpus=1"], 0, "cluster=gpu"),  # the GPUs the local cluster is told it has
-    (["ray.address=local"], 2, "cluster=gpu_node"),
-    (["cluster=local"], 8, None),  # named: always wins
-    (["+cluster=gpu"], 0, None),
-    (["ray.address=auto"], 8, None),  # joining a cluster: its preset is the user's to name
-    (["ray.address=10.0.0.1:6379", "trainer.steps=3"], 1, None),
-])
+@pytest.mark.parametrize(
+    "args, gpus, picked",
+    [
+        ([], 0, "cluster=local"),
+        (["experiment=smoke"], 1, "cluster=gpu"),
+        (["experiment=smoke"], 8, "cluster=gpu_node"),
+        (["ray.num_gpus=1"], 0, "cluster=gpu"),  # the GPUs the local cluster is told it has
+        (["ray.address=local"], 2, "cluster=gpu_node"),
+        (["cluster=local"], 8, None),  # named: always wins
+        (["+cluster=gpu"], 0, None),
+        (["ray.address=auto"], 8, None),  # joining a cluster: its preset is the user's to name
+        (["ray.address=10.0.0.1:6379", "trainer.steps=3"], 1, None),
+    ],
+)
 def test_the_preset_is_picked_by_the_gpu_count_unless_one_is_named(args, gpus, picked):
     extra, line = pick_cluster(args, gpus)
     assert extra == ([picked] if picked else [])
@@ -147,15 +189,20 @@ def test_the_train_script_picks_a_preset_and_refuses_what_it_cannot_place_before
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "scripts/train.py", "ray.num_gpus=1", "learner.world_size=2"],
-                          cwd=CONF.parent, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "scripts/train.py", "ray.num_gpus=1", "learner.world_size=2"],
+        cwd=CONF.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert ("[cluster] cluster=gpu: one GPU: the engines and one learner rank share it "
-            "(1 GPU(s), from ray.num_gpus)") in proc.stderr  # a log line (rollout/log.py)
+    assert (
+        "[cluster] cluster=gpu: one GPU: the engines and one learner rank share it (1 GPU(s), from ray.num_gpus)"
+    ) in proc.stderr  # a log line (rollout/log.py)
     assert "config error: learner.world_size=2 with learner.num_gpus=0.4" in proc.stderr
     assert "learner.num_gpus=1 (cluster=gpu_node)" in proc.stderr
     assert "Started a local Ray instance" not in proc.stderr + proc.stdout
-
 
 
 def test_learners_on_a_gpu_start_after_the_engines():

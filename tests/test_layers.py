@@ -19,13 +19,17 @@ def graph():
 
 
 def test_no_import_goes_up_the_layers(graph):
-    upward = [f"{i['importer']} -> {i['imported']} (line {line['line_number']}: {line['line_contents']})"
-              for k, lower in enumerate(LAYERS) for higher in LAYERS[:k]
-              for i in graph.find_matching_direct_imports(import_expression=f"{lower}.** -> {higher}.**")
-              for line in graph.get_import_details(importer=i["importer"], imported=i["imported"])]
-    assert not upward, ("imports that go up the layers trainer > rollout > harnesses (hand the lower layer "
-                        "what it needs instead, as the rollout worker hands harnesses the gateway):\n"
-                        + "\n".join(upward))
+    upward = [
+        f"{i['importer']} -> {i['imported']} (line {line['line_number']}: {line['line_contents']})"
+        for k, lower in enumerate(LAYERS)
+        for higher in LAYERS[:k]
+        for i in graph.find_matching_direct_imports(import_expression=f"{lower}.** -> {higher}.**")
+        for line in graph.get_import_details(importer=i["importer"], imported=i["imported"])
+    ]
+    assert not upward, (
+        "imports that go up the layers trainer > rollout > harnesses (hand the lower layer "
+        "what it needs instead, as the rollout worker hands harnesses the gateway):\n" + "\n".join(upward)
+    )
 
 
 def test_the_graph_counts_lazy_imports(graph):
@@ -45,7 +49,12 @@ def test_scripts_import_only_installed_packages():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys":
                 found.append(f"{path.name}:{node.lineno}: sys.path")
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             found += [f"{path.name}:{node.lineno}: imports {n}" for n in names if n.split(".")[0] == "tests"]
     assert not found, found

@@ -112,8 +112,10 @@ def validate_config(cfg: AdvantageConfig) -> None:
     """Raise ValueError naming the config key for a bad estimator or eps (for configs built in
     Python; Hydra's schema already rejects both)."""
     if cfg.estimator not in Estimator.__members__:
-        raise ValueError(f"algorithm.advantage.estimator = {cfg.estimator!r} is not a known advantage "
-                         f"estimator; choose one of {list(Estimator)}")
+        raise ValueError(
+            f"algorithm.advantage.estimator = {cfg.estimator!r} is not a known advantage "
+            f"estimator; choose one of {list(Estimator)}"
+        )
     if not np.isfinite(cfg.eps) or cfg.eps < 0:
         raise ValueError(f"algorithm.advantage.eps = {cfg.eps!r} must be a finite number >= 0")
 
@@ -237,51 +239,79 @@ def _normalize_per_role(role_adv: dict[tuple[int, str], float], eps: float) -> N
 # -- one function per estimator -----------------------------------------------------
 
 
-def grpo(traces: Seq[Trace], *, scale_by_std: bool = True, per_agent_rewards: bool = False,
-         normalize_per_agent: bool = False, use_turn_rewards: bool = False,
-         eps: float = 1e-6) -> list[list[float]]:
+def grpo(
+    traces: Seq[Trace],
+    *,
+    scale_by_std: bool = True,
+    per_agent_rewards: bool = False,
+    normalize_per_agent: bool = False,
+    use_turn_rewards: bool = False,
+    eps: float = 1e-6,
+) -> list[list[float]]:
     """Group-relative: A = (R - mean_group R) [/ (std_group R + eps)], population std.
 
     GRPO, Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), §4.1.2 outcome
     supervision; applied at trace level as in the seed's uniform credit.
     """
-    return compute_advantages(traces, AdvantageConfig(
-        "grpo", scale_by_std, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps))
+    return compute_advantages(
+        traces, AdvantageConfig("grpo", scale_by_std, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps)
+    )
 
 
-def rloo(traces: Seq[Trace], *, per_agent_rewards: bool = False, normalize_per_agent: bool = False,
-         use_turn_rewards: bool = False, eps: float = 1e-6) -> list[list[float]]:
+def rloo(
+    traces: Seq[Trace],
+    *,
+    per_agent_rewards: bool = False,
+    normalize_per_agent: bool = False,
+    use_turn_rewards: bool = False,
+    eps: float = 1e-6,
+) -> list[list[float]]:
     """Leave-one-out: A_i = R_i - mean_{j != i} R_j within the group; 0 for a group of one.
 
     RLOO, Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!";
     Ahmadian et al. 2024, "Back to Basics" (arXiv:2402.14740).
     """
-    return compute_advantages(traces, AdvantageConfig(
-        "rloo", False, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps))
+    return compute_advantages(
+        traces, AdvantageConfig("rloo", False, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps)
+    )
 
 
-def batch_mean(traces: Seq[Trace], *, scale_by_std: bool = False, per_agent_rewards: bool = False,
-               normalize_per_agent: bool = False, use_turn_rewards: bool = False,
-               eps: float = 1e-6) -> list[list[float]]:
+def batch_mean(
+    traces: Seq[Trace],
+    *,
+    scale_by_std: bool = False,
+    per_agent_rewards: bool = False,
+    normalize_per_agent: bool = False,
+    use_turn_rewards: bool = False,
+    eps: float = 1e-6,
+) -> list[list[float]]:
     """Plain baseline: A = R - mean_batch R [/ (std_batch R + eps)].
 
     REINFORCE with a constant baseline, Williams 1992, "Simple statistical
     gradient-following algorithms" (the baseline is the batch's mean reward).
     """
-    return compute_advantages(traces, AdvantageConfig(
-        "batch_mean", scale_by_std, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps))
+    return compute_advantages(
+        traces,
+        AdvantageConfig("batch_mean", scale_by_std, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps),
+    )
 
 
-def uniform(traces: Seq[Trace], *, per_agent_rewards: bool = False,
-            normalize_per_agent: bool = False, use_turn_rewards: bool = False,
-            eps: float = 1e-6) -> list[list[float]]:
+def uniform(
+    traces: Seq[Trace],
+    *,
+    per_agent_rewards: bool = False,
+    normalize_per_agent: bool = False,
+    use_turn_rewards: bool = False,
+    eps: float = 1e-6,
+) -> list[list[float]]:
     """No baseline: A = R(trace) on every trainable sequence (plain REINFORCE).
 
     The seed's minimal estimator ("apply that uniform reward to all trained
     tokens in the trace"); Williams 1992. Unbiased, highest variance.
     """
-    return compute_advantages(traces, AdvantageConfig(
-        "uniform", False, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps))
+    return compute_advantages(
+        traces, AdvantageConfig("uniform", False, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps)
+    )
 
 
 # -- stats ------------------------------------------------------------------------
@@ -305,5 +335,11 @@ def advantage_stats(traces: Seq[Trace], advs: Seq[Seq[float]]) -> dict[str, floa
     if not vals:
         return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "count": 0.0, "frac_zero": 0.0}
     v = np.array(vals, dtype=np.float64)
-    return {"mean": float(v.mean()), "std": float(v.std()), "min": float(v.min()),
-            "max": float(v.max()), "count": float(v.size), "frac_zero": float(np.mean(v == 0.0))}
+    return {
+        "mean": float(v.mean()),
+        "std": float(v.std()),
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "count": float(v.size),
+        "frac_zero": float(np.mean(v == 0.0)),
+    }

@@ -16,8 +16,16 @@ from trainer.losses import LossConfig, microbatch_loss
 from trainer.packing import build_rows, pack, token_weights
 
 
-def conversation_trace(fmt: ChatFormat, vocab: int, turns: int, gen: int, obs: int, rng: random.Random,
-                       tid: str, question: str = "Solve the task step by step.") -> Trace:
+def conversation_trace(
+    fmt: ChatFormat,
+    vocab: int,
+    turns: int,
+    gen: int,
+    obs: int,
+    rng: random.Random,
+    tid: str,
+    question: str = "Solve the task step by step.",
+) -> Trace:
     """One agent's multi-turn conversation: `turns` sequences, each extending the last exactly
     (`gen` random generated tokens, then `obs` random observation tokens)."""
     prompt = fmt.render([{"role": "user", "content": question}])

@@ -95,8 +95,9 @@ def load_rollouts(checkpoint: Path) -> list[list[Trace]]:
     return groups
 
 
-def save_hf(learners: LearnerGroup, base_model: str | Path, out: str | Path,
-            shard_bytes: int = hf_folder.SHARD_BYTES) -> Path:
+def save_hf(
+    learners: LearnerGroup, base_model: str | Path, out: str | Path, shard_bytes: int = hf_folder.SHARD_BYTES
+) -> Path:
     """Write the learners' current weights, in the model's dtype, as an HF model folder (config and
     tokenizer from `base_model`). Learner rank 0 writes it, shard by shard (trainer/hf_folder.py):
     neither the driver nor rank 0 ever holds the whole model. So `out` must be on storage that rank
@@ -170,8 +171,14 @@ def step_of(checkpoint: Path) -> int:
 def complete(run_dir: str | Path) -> list[Path]:
     """The complete checkpoints of a run, oldest first (by step: past step 999999 the names no
     longer sort)."""
-    return sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*")
-                   if _COMPLETE.fullmatch(p.name) and (p / "trainer_state.json").exists()), key=step_of)
+    return sorted(
+        (
+            p
+            for p in (Path(run_dir) / "checkpoints").glob("step_*")
+            if _COMPLETE.fullmatch(p.name) and (p / "trainer_state.json").exists()
+        ),
+        key=step_of,
+    )
 
 
 def latest(run_dir: str | Path) -> Path | None:
@@ -197,8 +204,10 @@ def load_newest(run_dir: str | Path, load: Callable[[Path, dict], None]) -> tupl
         except Exception as e:
             first_error = first_error or e
             log.warning(f"[train] checkpoint {d} cannot be loaded ({type(e).__name__}: {e}); trying the one before")
-    raise RuntimeError(f"trainer.resume: none of the {len(candidates)} complete checkpoints under "
-                       f"{run_dir}/checkpoints loads; the newest failed with: {first_error}") from first_error
+    raise RuntimeError(
+        f"trainer.resume: none of the {len(candidates)} complete checkpoints under "
+        f"{run_dir}/checkpoints loads; the newest failed with: {first_error}"
+    ) from first_error
 
 
 def read_state(checkpoint: Path) -> dict:
@@ -236,7 +245,7 @@ def prune(run_dir: str | Path, keep_last: int, step: int) -> list[Path]:
     after = [d for d in done if step_of(d) > step]
     for d in after:
         log.warning(f"[train] deleting {d}: newer than step {step} just saved, it is one a resume fell back past")
-    old = before[:max(len(before) - (keep_last - 1), 0)] + after
+    old = before[: max(len(before) - (keep_last - 1), 0)] + after
     for d in old:
         shutil.rmtree(d)
     return old
@@ -273,9 +282,11 @@ def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
     except pickle.UnpicklingError as e:
         what = re.search(r"GLOBAL ([\w.]+)", str(e))
         reason = f"it refers to {what.group(1)}" if what else str(e).strip().splitlines()[0][:300]
-        raise ValueError(f"{path} holds a pickled object that is not tensors or DeepSpeed's checkpoint data: "
-                         f"refused, since unpickling it could run code ({reason}); resume only from "
-                         f"checkpoints this trainer wrote") from None
+        raise ValueError(
+            f"{path} holds a pickled object that is not tensors or DeepSpeed's checkpoint data: "
+            f"refused, since unpickling it could run code ({reason}); resume only from "
+            f"checkpoints this trainer wrote"
+        ) from None
 
 
 class WeightsOnlyLoads:

@@ -42,14 +42,18 @@ def eval_sampling(cfg: TrainJobConfig, temperature: float | None = None) -> Samp
     """The sampling of the held-out eval: eval.temperature (greedy by default), or `temperature`,
     and eval.max_tokens (else sampling.max_tokens)."""
     e = cfg.eval
-    return SamplingConfig(temperature=e.temperature if temperature is None else temperature,
-                          max_tokens=e.max_tokens or cfg.sampling.max_tokens)
+    return SamplingConfig(
+        temperature=e.temperature if temperature is None else temperature,
+        max_tokens=e.max_tokens or cfg.sampling.max_tokens,
+    )
 
 
 # ---- which weights ----------------------------------------------------------------------------
 
-def weights_for(spec: str, policies: list[str], adapter_base: str | None = None, flag: str = "--model") -> dict[
-        str, Weights]:
+
+def weights_for(
+    spec: str, policies: list[str], adapter_base: str | None = None, flag: str = "--model"
+) -> dict[str, Weights]:
     """The weights each trained policy in `policies` is evaluated with, from `spec` (see the module
     docstring); ValueError naming `flag` and the fix for anything missing."""
     if spec in BUILTIN_MODELS:
@@ -60,8 +64,10 @@ def weights_for(spec: str, policies: list[str], adapter_base: str | None = None,
     if (folder / "checkpoints").is_dir() and not (folder / "config.json").exists():
         newest = checkpoint.latest(folder)
         if newest is None:
-            raise ValueError(f"{flag} {spec}: a run dir without a complete checkpoint (checkpoints/step_*/ with a "
-                             f"trainer_state.json); give a checkpoint folder or an HF folder")
+            raise ValueError(
+                f"{flag} {spec}: a run dir without a complete checkpoint (checkpoints/step_*/ with a "
+                f"trainer_state.json); give a checkpoint folder or an HF folder"
+            )
         folder = newest
     if (folder / "trainer_state.json").exists():
         held = sorted(p.name for p in folder.iterdir() if p.is_dir())
@@ -69,16 +75,20 @@ def weights_for(spec: str, policies: list[str], adapter_base: str | None = None,
         for p in policies:
             own = next((folder / p / kind for kind in ("hf", "adapter") if (folder / p / kind).is_dir()), None)
             if own is None:
-                raise ValueError(f"{flag} {spec}: checkpoint {folder.name} has no weights of trained policy {p!r} "
-                                 f"({p}/hf or {p}/adapter; it holds {held})")
+                raise ValueError(
+                    f"{flag} {spec}: checkpoint {folder.name} has no weights of trained policy {p!r} "
+                    f"({p}/hf or {p}/adapter; it holds {held})"
+                )
             [weights[p]] = weights_for(str(own), [p], adapter_base, flag).values()
         return weights
     if (folder / "adapter_config.json").exists():
         return {p: adapter_weights(folder, adapter_base, flag) for p in policies}
     if (folder / "config.json").exists():
         return {p: Weights({"path": str(folder)}, source=str(folder)) for p in policies}
-    raise ValueError(f"{flag} {spec}: the folder holds no config.json (an HF model), adapter_config.json (a LoRA "
-                     f"adapter), trainer_state.json (a checkpoint) or checkpoints/ (a run dir)")
+    raise ValueError(
+        f"{flag} {spec}: the folder holds no config.json (an HF model), adapter_config.json (a LoRA "
+        f"adapter), trainer_state.json (a checkpoint) or checkpoints/ (a run dir)"
+    )
 
 
 def adapter_weights(folder: Path, base: str | None, flag: str) -> Weights:
@@ -89,10 +99,15 @@ def adapter_weights(folder: Path, base: str | None, flag: str) -> Weights:
         raise ValueError(f"{flag} {folder}: a LoRA adapter folder without adapter_model.safetensors")
     base = base or conf.get("base_model_name_or_path")
     if base is None or not (base in BUILTIN_MODELS or (Path(base).expanduser() / "config.json").exists()):
-        raise ValueError(f"{flag} {folder} is a LoRA adapter on base model {base!r}, which is not here: give its "
-                         f"base with --adapter-base (a built-in model, {', '.join(BUILTIN_MODELS)}, or an HF folder)")
-    lora = {"rank": int(conf["r"]), "alpha": float(conf["lora_alpha"]),
-            "target_modules": sorted(conf["target_modules"])}
+        raise ValueError(
+            f"{flag} {folder} is a LoRA adapter on base model {base!r}, which is not here: give its "
+            f"base with --adapter-base (a built-in model, {', '.join(BUILTIN_MODELS)}, or an HF folder)"
+        )
+    lora = {
+        "rank": int(conf["r"]),
+        "alpha": float(conf["lora_alpha"]),
+        "target_modules": sorted(conf["target_modules"]),
+    }
     model = {"name": base} if base in BUILTIN_MODELS else {"path": str(Path(base).expanduser())}
     return Weights(model, lora, folder, source=f"{folder} on {base}")
 
@@ -123,8 +138,15 @@ def _same_folder(model: dict, configured) -> bool:
 
 # ---- running it ---------------------------------------------------------------------------------
 
-def evaluate_weights(cfg: TrainJobConfig, weights: dict[str, Weights], sampling: SamplingConfig, samples: int,
-                     progress: Callable[[int], None] | None = None, progress_s: float = 10.0) -> list[Trace]:
+
+def evaluate_weights(
+    cfg: TrainJobConfig,
+    weights: dict[str, Weights],
+    sampling: SamplingConfig,
+    samples: int,
+    progress: Callable[[int], None] | None = None,
+    progress_s: float = 10.0,
+) -> list[Trace]:
     """Start a rollout fleet for `cfg` (already with_weights), push any adapters, and run the
     first eval.size held-out tasks `samples` times each. Ray must be up."""
     import ray
@@ -136,12 +158,15 @@ def evaluate_weights(cfg: TrainJobConfig, weights: dict[str, Weights], sampling:
             if w.adapter is not None:  # an adapter is its base until its weights are pushed
                 ref = ray.put([(w.adapter / "adapter_model.safetensors").read_bytes()])
                 ray.get(fleet.stores[p].publish.remote(1, [ref]), timeout=60)  # a restarted engine loads it too
-                ray.get([e.update_weights.remote(1, ref, p) for e in fleet.engines[p]],
-                        timeout=cfg.policy_engine(p).sync_timeout_s)
+                ray.get(
+                    [e.update_weights.remote(1, ref, p) for e in fleet.engines[p]],
+                    timeout=cfg.policy_engine(p).sync_timeout_s,
+                )
         return fleet.evaluate(cfg.eval.size, sampling, cfg.eval.timeout_s, samples, progress, progress_s)
 
 
 # ---- what it says ------------------------------------------------------------------------------
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k estimate from n samples of which c passed (Chen et al. 2021, "Evaluating
@@ -172,11 +197,22 @@ def report(traces: list[Trace], weights: dict[str, Weights], k: int, samples: in
     by_item: dict[str, list[Trace]] = defaultdict(list)
     for t in traces:
         by_item[t.group].append(t)
-    passes = [pass_at_k(len(ts), sum(t.status != "failed" and t.reward >= 1.0 for t in ts), k)
-              for ts in by_item.values()]
-    errors = Counter((t.error or "no error recorded").strip().splitlines()[0][:300]
-                     for t in traces if t.status == "failed")
-    return Report(source={p: w.source for p, w in weights.items()}, reward=sum(t.reward for t in traces) / len(traces),
-                  pass_at_k=sum(passes) / len(passes), k=k, samples=samples, items=len(by_item),
-                  agent_rewards=agent_means(traces), failed=sum(errors.values()), failures=dict(errors.most_common(5)),
-                  scoring_notes=sum("scoring" in t.info for t in traces), metrics=trace_metrics(traces, "eval"))
+    passes = [
+        pass_at_k(len(ts), sum(t.status != "failed" and t.reward >= 1.0 for t in ts), k) for ts in by_item.values()
+    ]
+    errors = Counter(
+        (t.error or "no error recorded").strip().splitlines()[0][:300] for t in traces if t.status == "failed"
+    )
+    return Report(
+        source={p: w.source for p, w in weights.items()},
+        reward=sum(t.reward for t in traces) / len(traces),
+        pass_at_k=sum(passes) / len(passes),
+        k=k,
+        samples=samples,
+        items=len(by_item),
+        agent_rewards=agent_means(traces),
+        failed=sum(errors.values()),
+        failures=dict(errors.most_common(5)),
+        scoring_notes=sum("scoring" in t.info for t in traces),
+        metrics=trace_metrics(traces, "eval"),
+    )

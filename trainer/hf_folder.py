@@ -16,8 +16,16 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+HF_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
 SINGLE = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME
 INDEX = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME
 SHARD_BYTES = 2 << 30  # the default shard size: rank 0 holds one shard in host memory at a time

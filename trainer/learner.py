@@ -123,8 +123,16 @@ class _Slot:
 
 
 class Learner:
-    def __init__(self, rank: int, model_path: str, cfg: LearnerConfig, loss: LossConfig,
-                 dtype: str = "float32", seed: int = 0, adapters: dict | None = None):
+    def __init__(
+        self,
+        rank: int,
+        model_path: str,
+        cfg: LearnerConfig,
+        loss: LossConfig,
+        dtype: str = "float32",
+        seed: int = 0,
+        adapters: dict | None = None,
+    ):
         """`dtype`: the model's (`model.dtype`): float32, or bfloat16 with fp32 master weights;
         `adapters`: {policy: (rollout.config.LoraConfig, LearnerConfig)}: train those LoRA adapters
         on the frozen model instead, each with its own optimizer settings (lr, betas, ...)."""
@@ -155,13 +163,19 @@ class Learner:
         import torch
         from transformers import AutoModelForCausalLM
 
-        os.environ.update(RANK=str(self.rank), LOCAL_RANK="0" if on_gpu else str(self.rank),
-                          WORLD_SIZE=str(cfg.world_size), LOCAL_WORLD_SIZE=str(cfg.world_size),
-                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        os.environ.update(
+            RANK=str(self.rank),
+            LOCAL_RANK="0" if on_gpu else str(self.rank),
+            WORLD_SIZE=str(cfg.world_size),
+            LOCAL_WORLD_SIZE=str(cfg.world_size),
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+        )
         if not on_gpu:
             skip_shm_comm_build()
-        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo",
-                                   timeout=datetime.timedelta(seconds=cfg.dist_timeout_s))
+        deepspeed.init_distributed(
+            dist_backend="nccl" if on_gpu else "gloo", timeout=datetime.timedelta(seconds=cfg.dist_timeout_s)
+        )
         torch.manual_seed(self.seed)
         if cfg.torch_threads > 0:
             torch.set_num_threads(cfg.torch_threads)
@@ -172,8 +186,10 @@ class Learner:
             from peft import get_peft_model
 
             if cfg.zero_stage == 3 and len(self.adapters) > 1:
-                raise ValueError("ZeRO-3 partitions the model itself: adapters on one base cannot share its "
-                                 "ranks; give each adapter policy its own learner group")
+                raise ValueError(
+                    "ZeRO-3 partitions the model itself: adapters on one base cannot share its "
+                    "ranks; give each adapter policy its own learner group"
+                )
             for i, (name, (lora, _)) in enumerate(self.adapters.items()):
                 torch.manual_seed(self.seed)  # every adapter's lora_A as if it were alone (lora_B starts at 0)
                 if i == 0:
@@ -198,9 +214,12 @@ class Learner:
         self.activate(next(iter(self.slots)))
         import ray
 
-        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()),
-                "trained_params": sum(p.numel() for s in self.slots.values() for p in s.params),
-                "node_id": ray.get_runtime_context().get_node_id()}
+        return {
+            "rank": self.rank,
+            "params": sum(p.numel() for p in model.parameters()),
+            "trained_params": sum(p.numel() for s in self.slots.values() for p in s.params),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
 
     def _slot(self, model, named: list, opt_cfg: LearnerConfig, adapter: str | None = None) -> _Slot:
         """A DeepSpeed engine over `model` that trains the `named` parameters only, with `opt_cfg`'s
@@ -213,8 +232,9 @@ class Learner:
             self.slots[adapter] = slot
             self.activate(adapter)  # ZeRO takes only parameters that require grad
         if opt_cfg.optimizer == "adamw":
-            opt = torch.optim.AdamW(slot.params, lr=opt_cfg.lr, betas=tuple(opt_cfg.betas),
-                                    weight_decay=opt_cfg.weight_decay)
+            opt = torch.optim.AdamW(
+                slot.params, lr=opt_cfg.lr, betas=tuple(opt_cfg.betas), weight_decay=opt_cfg.weight_decay
+            )
         else:
             opt = torch.optim.SGD(slot.params, lr=opt_cfg.lr, weight_decay=opt_cfg.weight_decay)
         warmup = max(opt_cfg.warmup_steps, 0)
@@ -230,7 +250,8 @@ class Learner:
             "wall_clock_breakdown": False,
         }
         slot.engine, _, _, slot.scheduler = deepspeed.initialize(
-            model=model, model_parameters=slot.params, optimizer=opt, lr_scheduler=sched, config=ds_config)
+            model=model, model_parameters=slot.params, optimizer=opt, lr_scheduler=sched, config=ds_config
+        )
         if self.cfg.world_size == 1 and self.cfg.zero_stage == 0 and self.dtype != "bfloat16":
             # One rank: the all-reduce after backward only copies every gradient into buckets and
             # back (~0.25 s of an 8 s SmolLM2 step); the sum over one rank is the gradient itself.
@@ -287,11 +308,17 @@ class Learner:
         slot.skipped_steps += skipped
         grad_norm = eng.get_global_grad_norm()
         grad_norm = grad_norm if grad_norm is not None else own_norm
-        out = {"loss": loss_total, "grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
-               "lr": slot.scheduler.get_last_lr()[0], "step": slot.step,
-               "skipped": float(skipped), "skipped_steps": float(slot.skipped_steps),
-               "tokens": sums.pop("tokens", 0.0), "padded_tokens": float(sum(m.input_ids.size for m in shard)),
-               "seconds": time.perf_counter() - t0}
+        out = {
+            "loss": loss_total,
+            "grad_norm": float(grad_norm) if grad_norm is not None else 0.0,
+            "lr": slot.scheduler.get_last_lr()[0],
+            "step": slot.step,
+            "skipped": float(skipped),
+            "skipped_steps": float(slot.skipped_steps),
+            "tokens": sums.pop("tokens", 0.0),
+            "padded_tokens": float(sum(m.input_ids.size for m in shard)),
+            "seconds": time.perf_counter() - t0,
+        }
         out.update(sums)
         return out
 
@@ -313,8 +340,9 @@ class Learner:
         for g, lr in zip(opt.param_groups, lrs):
             g["lr"] = lr
 
-    def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None,
-                 temperature: float | None = None) -> list[float]:
+    def logprobs(
+        self, input_ids: list[int], start: int, adapter: str | None = None, temperature: float | None = None
+    ) -> list[float]:
         """Learner log-probs of input_ids[start:] at the current weights (of `adapter` on the base),
         at `temperature` (default: the loss's); collective under ZeRO-3."""
         import torch
@@ -417,8 +445,12 @@ class Learner:
         slot = self.activate(adapter)
         # An adapter is saved alone: the frozen base (the model the run started from) and the
         # other adapters (requires_grad off while this one is active) are left out.
-        slot.engine.save_checkpoint(path, tag="state", client_state={"step": slot.step, "adapter": adapter},
-                                    exclude_frozen_parameters=adapter is not None)
+        slot.engine.save_checkpoint(
+            path,
+            tag="state",
+            client_state={"step": slot.step, "adapter": adapter},
+            exclude_frozen_parameters=adapter is not None,
+        )
 
     def load(self, path: str, adapter: str | None = None) -> int:
         """Restore what `save` wrote; returns the step. Collective."""
@@ -432,8 +464,13 @@ class Learner:
         engine = slot.engine
         own, engine.checkpoint_engine = engine.checkpoint_engine, WeightsOnlyLoads(engine.checkpoint_engine)
         try:
-            _, client = engine.load_checkpoint(path, tag="state", load_optimizer_states=True,
-                                               load_lr_scheduler_states=True, load_module_strict=adapter is None)
+            _, client = engine.load_checkpoint(
+                path,
+                tag="state",
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+                load_module_strict=adapter is None,
+            )
         finally:
             engine.checkpoint_engine = own
         slot.step = int(client["step"])
@@ -452,8 +489,10 @@ class Learner:
         saved = set(load_torch(states)["module"])
         missing = [n for n in slot.names if n not in saved]
         if missing:
-            raise ValueError(f"{path} does not hold this adapter's tensors ({len(missing)} of {len(slot.names)} "
-                             f"missing, e.g. {missing[0]}): a checkpoint of another policy or another LoRA layout")
+            raise ValueError(
+                f"{path} does not hold this adapter's tensors ({len(missing)} of {len(slot.names)} "
+                f"missing, e.g. {missing[0]}): a checkpoint of another policy or another LoRA layout"
+            )
 
     def rss(self) -> int:
         """This rank's resident memory, bytes."""
@@ -469,8 +508,11 @@ class Learner:
         import deepspeed
 
         trained = {id(p) for slot in self.slots.values() for p in slot.params}
-        frozen = {n.removeprefix("base_model.model.").replace(".base_layer.", "."): p
-                  for n, p in self.module.named_parameters() if id(p) not in trained}
+        frozen = {
+            n.removeprefix("base_model.model.").replace(".base_layer.", "."): p
+            for n, p in self.module.named_parameters()
+            if id(p) not in trained
+        }
         h = hashlib.sha256()
         for name, p in sorted(frozen.items()):
             with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):

@@ -28,9 +28,20 @@ class LearnerGroup:
     """`world_size` Learner ranks of one policy (or of several adapter policies on one base); a
     context manager that kills them on exit."""
 
-    def __init__(self, model_path: str, cfg: LearnerConfig, loss: LossConfig, dtype: str = "float32",
-                 seed: int = 0, pad_id: int = 0, setup_timeout_s: float = 900.0, name: str = "main", lora=None,
-                 adapters: dict | None = None, wait: bool = True):
+    def __init__(
+        self,
+        model_path: str,
+        cfg: LearnerConfig,
+        loss: LossConfig,
+        dtype: str = "float32",
+        seed: int = 0,
+        pad_id: int = 0,
+        setup_timeout_s: float = 900.0,
+        name: str = "main",
+        lora=None,
+        adapters: dict | None = None,
+        wait: bool = True,
+    ):
         """`lora`: a rollout.config.LoraConfig: the ranks train that adapter (policy `name`) on the
         frozen model. `adapters`: {policy: (LoraConfig, LearnerConfig)}: they train one adapter per
         policy on one copy of the frozen model, each with its own optimizer settings; `name` is
@@ -55,9 +66,13 @@ class LearnerGroup:
         """Wait until every rank has started and set up DeepSpeed (at most `setup_timeout_s`); a
         rank that failed or did not start kills them all and names what it asked for."""
         if self._setup is not None:
-            infos = await_started(self.ranks, self._setup, self._setup_timeout_s,
-                                  f"{self.cfg.world_size} learner ranks of {self.name!r} (start, DeepSpeed setup)",
-                                  self._resources)
+            infos = await_started(
+                self.ranks,
+                self._setup,
+                self._setup_timeout_s,
+                f"{self.cfg.world_size} learner ranks of {self.name!r} (start, DeepSpeed setup)",
+                self._resources,
+            )
             self.node_ids, self._setup = [i["node_id"] for i in infos], None
         return self
 
@@ -87,8 +102,10 @@ class LearnerGroup:
             return ray.get(refs, timeout=self.cfg.call_timeout_s)
         except ray.exceptions.GetTimeoutError:
             late = [i for i, ref in enumerate(refs) if not ray.wait([ref], timeout=0)[0]]
-            raise TimeoutError(f"learner {what} of policy {self.name!r}: {self._ranks(late)} did not answer "
-                               f"within learner.call_timeout_s={self.cfg.call_timeout_s}") from None
+            raise TimeoutError(
+                f"learner {what} of policy {self.name!r}: {self._ranks(late)} did not answer "
+                f"within learner.call_timeout_s={self.cfg.call_timeout_s}"
+            ) from None
         except ray.exceptions.RayActorError as e:
             dead = []
             for i, ref in enumerate(refs):
@@ -98,8 +115,9 @@ class LearnerGroup:
                     dead.append(i)
                 except Exception:
                     pass
-            raise RuntimeError(f"learner {what} of policy {self.name!r}: {self._ranks(dead)} died "
-                               f"({type(e).__name__})") from e
+            raise RuntimeError(
+                f"learner {what} of policy {self.name!r}: {self._ranks(dead)} died ({type(e).__name__})"
+            ) from e
 
     def _ranks(self, ranks: list[int]) -> str:
         nodes = self.node_ids
@@ -140,8 +158,9 @@ class LearnerGroup:
 
     def prepare_weight_group(self, plan, layout: Layout, timeout_s: float):
         """Rank 0's staging buffers for `plan`'s ipc members; returns the plan with their handles."""
-        return self.collect("prepare_weight_group", [self.ranks[0].prepare_weight_group.remote(plan, layout,
-                                                                                               timeout_s)])[0]
+        return self.collect(
+            "prepare_weight_group", [self.ranks[0].prepare_weight_group.remote(plan, layout, timeout_s)]
+        )[0]
 
     def open_weight_group(self) -> ray.ObjectRef:
         """Rank 0's side of opening the weight group; returns its ref (the engines join meanwhile)."""
@@ -155,11 +174,13 @@ class LearnerGroup:
         gathers), not waited for: the engines receive at the same time."""
         return [r.broadcast_weights.remote(version, layout) for r in self.ranks]
 
-    def logprobs(self, input_ids: list[int], start: int, adapter: str | None = None,
-                 temperature: float | None = None) -> list[float]:
+    def logprobs(
+        self, input_ids: list[int], start: int, adapter: str | None = None, temperature: float | None = None
+    ) -> list[float]:
         adapter = self._adapter(adapter)
-        return self.collect("logprobs", [r.logprobs.remote(input_ids, start, adapter, temperature)
-                                         for r in self.ranks])[0]
+        return self.collect(
+            "logprobs", [r.logprobs.remote(input_ids, start, adapter, temperature) for r in self.ranks]
+        )[0]
 
     def save(self, path: str, adapter: str | None = None) -> None:
         adapter = self._adapter(adapter)

@@ -62,10 +62,20 @@ def train(cfg: TrainJobConfig) -> dict:
         # ---- resume, the logger, and the held-out eval before training ---------------------
         start, held = restore(policies, resume_from) if resume_from else (0, [])
         if len(held) % t.groups_per_step:
-            raise ValueError(f"the checkpoint keeps {len(held)} rollout groups, not whole steps of "
-                             f"trainer.groups_per_step={t.groups_per_step}: resume with the run's own value")
-        logger = actors.enter_context(RunLogger(run_dir, cfg.logger.mode, cfg.logger.project, cfg.logger.name,
-                                                asdict(cfg), resume_step=start if resume_from else None))
+            raise ValueError(
+                f"the checkpoint keeps {len(held)} rollout groups, not whole steps of "
+                f"trainer.groups_per_step={t.groups_per_step}: resume with the run's own value"
+            )
+        logger = actors.enter_context(
+            RunLogger(
+                run_dir,
+                cfg.logger.mode,
+                cfg.logger.project,
+                cfg.logger.name,
+                asdict(cfg),
+                resume_step=start if resume_from else None,
+            )
+        )
         initial = final = evaluate(fleet, cfg, start)
         if initial:
             logger.log(start, trace_metrics(initial, "eval"))
@@ -79,7 +89,7 @@ def train(cfg: TrainJobConfig) -> dict:
         clock = time.perf_counter(), fleet.engine_clocks()
         for step in range(start, t.steps):
             t0 = time.perf_counter()
-            groups, held = held[:t.groups_per_step], held[t.groups_per_step:]
+            groups, held = held[: t.groups_per_step], held[t.groups_per_step :]
             groups = groups or fleet.take(t.groups_per_step, t.rollout_timeout_s)
             # in the order of their ids, not of arrival (which varies from run to run): the same
             # groups pack into the same rows and micro-batches, so a resumed step repeats the
@@ -101,11 +111,16 @@ def train(cfg: TrainJobConfig) -> dict:
 
             # ---- log, evaluate, checkpoint ---------------------------------------------
             step_s = time.perf_counter() - t0
-            m.update({"perf/rollout_wait_s": t_wait, "perf/step_s": step_s,
-                      "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s,
-                      "rollout/engine_restarts": float(fleet.engine_restarts()),
-                      "rollout/retried": float(sum("attempts" in tr.info for tr in traces)),
-                      "rollout/resent": float(sum(tr.info.get("requests_resent", 0) for tr in traces))})
+            m.update(
+                {
+                    "perf/rollout_wait_s": t_wait,
+                    "perf/step_s": step_s,
+                    "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s,
+                    "rollout/engine_restarts": float(fleet.engine_restarts()),
+                    "rollout/retried": float(sum("attempts" in tr.info for tr in traces)),
+                    "rollout/resent": float(sum(tr.info.get("requests_resent", 0) for tr in traces)),
+                }
+            )
             done = step + 1
             # the checkpoint first: an eval that fails (the breaker) must not lose the step's training
             if (t.save_every and done % t.save_every == 0) or done == t.steps:
@@ -125,13 +140,19 @@ def train(cfg: TrainJobConfig) -> dict:
             logger.status(done, t.steps, m, list(policies))
 
         # ---- summary ---------------------------------------------------------------------
-        summary = {**eval_summary(initial, final), "steps": t.steps, "start_step": start,
-                   "wall_s": round(time.time() - t_start, 1), **policy_summary(fleet, policies)}
+        summary = {
+            **eval_summary(initial, final),
+            "steps": t.steps,
+            "start_step": start,
+            "wall_s": round(time.time() - t_start, 1),
+            **policy_summary(fleet, policies),
+        }
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
     return summary
 
 
 # ---- the pieces train() calls -------------------------------------------------------------
+
 
 def check(cfg: TrainJobConfig) -> None:
     """Everything that can be checked before Ray starts: the config, and what run_dir holds."""
@@ -159,8 +180,7 @@ def submit_steps(fleet: RolloutFleet, first: int, end: int, t: LoopConfig) -> in
     return max(first, min(t.steps, end))
 
 
-def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int, keep_last: int,
-         held: list[list[Trace]]) -> None:
+def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int, keep_last: int, held: list[list[Trace]]) -> None:
     """One checkpoint of every trained policy at `step`, and the rollout groups `held` for the
     steps after it, visible only once all are written; then only the newest `keep_last` are kept."""
     checkpoint.start(run_dir, step)
@@ -178,9 +198,11 @@ def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> tuple[int, lis
 
     def load(ckpt: Path, state: dict) -> None:
         if "versions" not in state:
-            raise ValueError(f"{ckpt} is in the one-policy layout of older tracerl versions (hf/ and deepspeed/ "
-                             f"at its top); move them into {ckpt}/main/ and write "
-                             f'"versions": {{"main": {state.get("version")}}} into its trainer_state.json')
+            raise ValueError(
+                f"{ckpt} is in the one-policy layout of older tracerl versions (hf/ and deepspeed/ "
+                f"at its top); move them into {ckpt}/main/ and write "
+                f'"versions": {{"main": {state.get("version")}}} into its trainer_state.json'
+            )
         missing = sorted(set(policies) - set(state["versions"]))
         if missing:
             raise ValueError(f"{ckpt.name} has no policies {missing} (it holds {sorted(state['versions'])})")
@@ -189,8 +211,10 @@ def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> tuple[int, lis
             policy.restore(ckpt, state["versions"][p])
 
     ckpt, state = checkpoint.load_newest(run_dir, load)
-    log.info(f"[train] resumed from {ckpt} at step {state['step']}"
-             + (f" with {len(held)} rollout groups of the steps after it" if held else ""))
+    log.info(
+        f"[train] resumed from {ckpt} at step {state['step']}"
+        + (f" with {len(held)} rollout groups of the steps after it" if held else "")
+    )
     return state["step"], held
 
 
@@ -213,9 +237,10 @@ def check_failures(traces: list[Trace], limit: float, what: str) -> None:
     failed = [t.error or "no error recorded" for t in traces if t.status == "failed"]
     if traces and len(failed) > limit * len(traces):
         top = Counter(e.strip().splitlines()[0][:300] for e in failed).most_common(3)
-        raise RuntimeError(f"{what}: {len(failed)} of {len(traces)} traces failed, more than "
-                           f"trainer.max_failed_fraction={limit}; the commonest errors: "
-                           + "; ".join(f"{n}x {e}" for e, n in top))
+        raise RuntimeError(
+            f"{what}: {len(failed)} of {len(traces)} traces failed, more than "
+            f"trainer.max_failed_fraction={limit}; the commonest errors: " + "; ".join(f"{n}x {e}" for e, n in top)
+        )
 
 
 def mean_reward(traces: list[Trace]) -> float | None:
@@ -225,25 +250,43 @@ def mean_reward(traces: list[Trace]) -> float | None:
 def eval_summary(initial: list[Trace], final: list[Trace]) -> dict:
     """Held-out reward before and after (None without an eval), how many eval runs failed (an
     infrastructure problem, not a weak model), and the paired comparison by question."""
-    return {"initial_eval_reward": mean_reward(initial), "final_eval_reward": mean_reward(final),
-            "eval_size": len(final), "eval_paired": paired_comparison(initial, final),
-            "eval_failed": {"initial": sum(t.status == "failed" for t in initial),
-                            "final": sum(t.status == "failed" for t in final)},
-            "initial_eval": trace_metrics(initial, "eval") if initial else {},
-            "final_eval": trace_metrics(final, "eval") if final else {}}
+    return {
+        "initial_eval_reward": mean_reward(initial),
+        "final_eval_reward": mean_reward(final),
+        "eval_size": len(final),
+        "eval_paired": paired_comparison(initial, final),
+        "eval_failed": {
+            "initial": sum(t.status == "failed" for t in initial),
+            "final": sum(t.status == "failed" for t in final),
+        },
+        "initial_eval": trace_metrics(initial, "eval") if initial else {},
+        "final_eval": trace_metrics(final, "eval") if final else {},
+    }
 
 
 def policy_summary(fleet: RolloutFleet, policies: dict[str, TrainedPolicy]) -> dict:
     """What each trained policy got (tokens, versions, stale traces left out), and where the actors ran."""
     infos = fleet.engine_infos()
     serving = {p: [i for i in infos if p in fleet.pool_members[i["pool"]]] for p in policies}  # a pool serves several
-    per_policy = {p: {**policy.summary(), "engine_nodes": [i["node_id"] for i in serving[p]],
-                      "engine_busy_s": sum(i["busy_s"] for i in serving[p])}
-                  for p, policy in policies.items()}
-    return {"trainable_policies": list(policies), "policies": per_policy, "engine_restarts": fleet.engine_restarts(),
-            "engines_hung": fleet.hung_restarts, "worker_restarts": fleet.worker_restarts,
-            "trained_tokens": sum(v["trained_tokens"] for v in per_policy.values()),
-            "dropped_stale": sum(v["dropped_stale"] for v in per_policy.values()),
-            "engine_busy_s": sum(i["busy_s"] for i in infos),
-            "nodes": {"engines": [i["node_id"] for i in infos],
-                      "learners": [n for v in per_policy.values() for n in v["learner_nodes"]]}}
+    per_policy = {
+        p: {
+            **policy.summary(),
+            "engine_nodes": [i["node_id"] for i in serving[p]],
+            "engine_busy_s": sum(i["busy_s"] for i in serving[p]),
+        }
+        for p, policy in policies.items()
+    }
+    return {
+        "trainable_policies": list(policies),
+        "policies": per_policy,
+        "engine_restarts": fleet.engine_restarts(),
+        "engines_hung": fleet.hung_restarts,
+        "worker_restarts": fleet.worker_restarts,
+        "trained_tokens": sum(v["trained_tokens"] for v in per_policy.values()),
+        "dropped_stale": sum(v["dropped_stale"] for v in per_policy.values()),
+        "engine_busy_s": sum(i["busy_s"] for i in infos),
+        "nodes": {
+            "engines": [i["node_id"] for i in infos],
+            "learners": [n for v in per_policy.values() for n in v["learner_nodes"]],
+        },
+    }

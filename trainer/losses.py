@@ -44,9 +44,14 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return torch.nn.functional.pad(logp, (1, 0))
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                weights: torch.Tensor, cfg: LossConfig,
-                ref_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    cfg: LossConfig,
+    ref_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted clipped policy-gradient loss over same-shaped tensors (e.g. (rows, T), or the trained
     tokens only); returns (loss, sums for metrics).
 
@@ -84,8 +89,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     return loss, metrics
 
 
-def _next_token_logits(model, inputs: dict, at: tuple[torch.Tensor, torch.Tensor],
-                       only_there: bool = True) -> torch.Tensor:
+def _next_token_logits(
+    model, inputs: dict, at: tuple[torch.Tensor, torch.Tensor], only_there: bool = True
+) -> torch.Tensor:
     """Next-token logits at the positions `at` ((row, index) pairs) only, as (N, vocab).
 
     With `only_there` the output head runs on those positions' hidden states alone (a pre-hook
@@ -119,8 +125,9 @@ def _dtype(model) -> torch.dtype:
     return getattr(model, "module", model).get_input_embeddings().weight.dtype  # DeepSpeed wraps the model
 
 
-def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | torch.device = "cpu",
-                    only_trained: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def microbatch_loss(
+    model, mb, cfg: LossConfig, ref_model=None, device: str | torch.device = "cpu", only_trained: bool = True
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward one packed MicroBatch through a causal LM and return `policy_loss` (+ entropy sum).
 
     Only the trained tokens are scored: each at the temperature it was sampled at (the
@@ -150,8 +157,14 @@ def microbatch_loss(model, mb, cfg: LossConfig, ref_model=None, device: str | to
     if ref_model is not None and cfg.kl_coef > 0:
         with torch.no_grad():
             ref_logp = scored(ref_model).gather(-1, labels).squeeze(-1)
-    loss, metrics = policy_loss(logp, torch.tensor(mb.old_logprobs, device=device)[target],
-                                torch.tensor(mb.advantages, device=device)[target], weights[target], cfg, ref_logp)
+    loss, metrics = policy_loss(
+        logp,
+        torch.tensor(mb.old_logprobs, device=device)[target],
+        torch.tensor(mb.advantages, device=device)[target],
+        weights[target],
+        cfg,
+        ref_logp,
+    )
     with torch.no_grad():
         metrics["entropy"] = -(logp_all.exp() * logp_all).sum()
     return loss, metrics

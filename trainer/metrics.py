@@ -31,14 +31,24 @@ def advantage_metrics(traces: list[Trace], advs: list[list[float]], policy: str)
 def train_metrics(stats: dict[str, float], packing: dict[str, float], policy: str) -> dict[str, float]:
     """train/<policy>/*: one optimizer step's learner sums (per token where it is a mean) and packing."""
     tokens = max(stats["tokens"], 1.0)
-    values = {"loss": stats["loss"], "grad_norm": stats["grad_norm"], "lr": stats["lr"],
-              "trained_tokens": stats["tokens"], "clip_frac": stats["clip_frac"] / tokens,
-              "ratio_mean": stats["ratio"] / tokens, "ratio_max": stats["ratio_max"],
-              "mismatch_kl": stats["mismatch_kl"] / tokens, "kl_ref": stats["kl_ref"] / tokens,
-              "entropy": stats["entropy"] / tokens, "merge_saving": packing["merge_saving"],
-              "padding_fraction": packing["padding_fraction"], "rows": packing["rows"],
-              "shared_prefix_rows": packing["shared_prefix_rows"],
-              "padded_tokens": stats["padded_tokens"], "skipped_steps": stats["skipped_steps"]}
+    values = {
+        "loss": stats["loss"],
+        "grad_norm": stats["grad_norm"],
+        "lr": stats["lr"],
+        "trained_tokens": stats["tokens"],
+        "clip_frac": stats["clip_frac"] / tokens,
+        "ratio_mean": stats["ratio"] / tokens,
+        "ratio_max": stats["ratio_max"],
+        "mismatch_kl": stats["mismatch_kl"] / tokens,
+        "kl_ref": stats["kl_ref"] / tokens,
+        "entropy": stats["entropy"] / tokens,
+        "merge_saving": packing["merge_saving"],
+        "padding_fraction": packing["padding_fraction"],
+        "rows": packing["rows"],
+        "shared_prefix_rows": packing["shared_prefix_rows"],
+        "padded_tokens": stats["padded_tokens"],
+        "skipped_steps": stats["skipped_steps"],
+    }
     return {f"train/{policy}/{k}": v for k, v in values.items()}
 
 
@@ -47,9 +57,13 @@ def step_totals(m: dict[str, float], policies: list[str]) -> dict[str, float]:
     perf/train_tokens_per_s (trained tokens per second of learner time) and async/dropped_stale."""
     train_s = sum(m[f"perf/{p}/train_s"] for p in policies)
     tokens = sum(m.get(f"train/{p}/trained_tokens", 0.0) for p in policies)
-    return {"perf/train_s": train_s, "perf/sync_s": sum(m[f"perf/{p}/sync_s"] for p in policies),
-            "train/trained_tokens": tokens, "perf/train_tokens_per_s": tokens / train_s if train_s else 0.0,
-            "async/dropped_stale": sum(m[f"async/{p}/dropped_stale"] for p in policies)}
+    return {
+        "perf/train_s": train_s,
+        "perf/sync_s": sum(m[f"perf/{p}/sync_s"] for p in policies),
+        "train/trained_tokens": tokens,
+        "perf/train_tokens_per_s": tokens / train_s if train_s else 0.0,
+        "async/dropped_stale": sum(m[f"async/{p}/dropped_stale"] for p in policies),
+    }
 
 
 def rollout_split(before: list[dict], after: list[dict], window_s: float) -> dict[str, float]:
@@ -64,8 +78,18 @@ def rollout_split(before: list[dict], after: list[dict], window_s: float) -> dic
     old = {(i["node_id"], i["pid"]): i for i in before}
     n = max(len(after), 1)
     busy = 0.0
-    steps = dict.fromkeys(("prefill_s", "decode_s", "decode_steps", "decode_batch_sum", "prefill_tokens",
-                           "cached_prompt_tokens", "generated_tokens"), 0.0)
+    steps = dict.fromkeys(
+        (
+            "prefill_s",
+            "decode_s",
+            "decode_steps",
+            "decode_batch_sum",
+            "prefill_tokens",
+            "cached_prompt_tokens",
+            "generated_tokens",
+        ),
+        0.0,
+    )
     for info in after:
         prev = old.get((info["node_id"], info["pid"]))
         busy += info["busy_s"] - (prev["busy_s"] if prev else 0.0)
@@ -73,14 +97,19 @@ def rollout_split(before: list[dict], after: list[dict], window_s: float) -> dic
             steps[k] += info["steps"][k] - (prev["steps"][k] if prev else 0.0)
     busy /= n
     prefill, decode = steps["prefill_s"] / n, steps["decode_s"] / n
-    return {"perf/rollout_window_s": window_s, "perf/engine_busy_s": busy, "perf/engine_prefill_s": prefill,
-            "perf/engine_decode_s": decode, "perf/engine_other_s": max(busy - prefill - decode, 0.0),
-            "perf/engine_idle_s": max(window_s - busy, 0.0),
-            "perf/engine_generated_tokens_per_s": steps["generated_tokens"] / window_s if window_s else 0.0,
-            "rollout/decode_steps": steps["decode_steps"],
-            "rollout/decode_batch": steps["decode_batch_sum"] / steps["decode_steps"] if steps["decode_steps"] else 0.0,
-            "rollout/prefill_tokens": steps["prefill_tokens"],
-            "rollout/cached_prompt_tokens": steps["cached_prompt_tokens"]}
+    return {
+        "perf/rollout_window_s": window_s,
+        "perf/engine_busy_s": busy,
+        "perf/engine_prefill_s": prefill,
+        "perf/engine_decode_s": decode,
+        "perf/engine_other_s": max(busy - prefill - decode, 0.0),
+        "perf/engine_idle_s": max(window_s - busy, 0.0),
+        "perf/engine_generated_tokens_per_s": steps["generated_tokens"] / window_s if window_s else 0.0,
+        "rollout/decode_steps": steps["decode_steps"],
+        "rollout/decode_batch": steps["decode_batch_sum"] / steps["decode_steps"] if steps["decode_steps"] else 0.0,
+        "rollout/prefill_tokens": steps["prefill_tokens"],
+        "rollout/cached_prompt_tokens": steps["cached_prompt_tokens"],
+    }
 
 
 def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, float]:
@@ -92,6 +121,7 @@ def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, floa
     repeated question must not count as independent evidence. A question whose run failed on
     either side (an infrastructure error, not an answer) is left out and counted apart.
     """
+
     def by_question(traces: list[Trace]) -> tuple[dict[str, float], set[str]]:
         rewards: dict[str, list[float]] = {}
         failed: set[str] = set()
@@ -108,9 +138,14 @@ def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, floa
     better = sum(a[q] > b[q] for q in common)
     worse = sum(a[q] < b[q] for q in common)
     n, k = better + worse, min(better, worse)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
-    return {"questions": len(common), "left_out_failed": len(both) - len(common), "better": better,
-            "worse": worse, "sign_test_p": p}
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {
+        "questions": len(common),
+        "left_out_failed": len(both) - len(common),
+        "better": better,
+        "worse": worse,
+        "sign_test_p": p,
+    }
 
 
 def trace_table(traces: list[Trace], decode):
@@ -119,14 +154,24 @@ def trace_table(traces: list[Trace], decode):
     weight version) as HTML."""
     import wandb
 
-    table = wandb.Table(columns=["trace", "seq", "agent", "policy", "version", "prompt_tail",
-                                 "completion", "reward", "view"])
+    table = wandb.Table(
+        columns=["trace", "seq", "agent", "policy", "version", "prompt_tail", "completion", "reward", "view"]
+    )
     for t in traces:
         view = build_view(t, decode)
         for i, s in enumerate(t.sequences):
             card = wandb.Html(render_sequence(view, i), inject=False, data_is_not_path=True)
-            table.add_data(t.id, i, s.agent, s.policy, s.version, decode(s.prompt_ids)[-300:],
-                           decode(s.completion_ids), t.reward, card)
+            table.add_data(
+                t.id,
+                i,
+                s.agent,
+                s.policy,
+                s.version,
+                decode(s.prompt_ids)[-300:],
+                decode(s.completion_ids),
+                t.reward,
+                card,
+            )
     return table
 
 
@@ -166,8 +211,15 @@ class RunLogger:
     `resume_step`: a resumed run keeps the rows up to that step (those after it came from the
     interrupted run past its checkpoint, and are made again) and appends."""
 
-    def __init__(self, run_dir: Path, mode: str, project: str, name: str | None,
-                 config: dict[str, Any], resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        mode: str,
+        project: str,
+        name: str | None,
+        config: dict[str, Any],
+        resume_step: int | None = None,
+    ):
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         resume = resume_step is not None
@@ -179,14 +231,23 @@ class RunLogger:
             import wandb
 
             os.environ.setdefault("WANDB_SILENT", "true")
-            self.wandb = wandb.init(project=project, name=name or run_dir.name, dir=str(run_dir),
-                                    mode=mode, config=config, resume="allow" if resume else None)
+            self.wandb = wandb.init(
+                project=project,
+                name=name or run_dir.name,
+                dir=str(run_dir),
+                mode=mode,
+                config=config,
+                resume="allow" if resume else None,
+            )
         self._t0 = time.time()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one row to metrics.jsonl (strict JSON: a non-finite value is written as null)."""
-        record = {"step": step, "time_s": round(time.time() - self._t0, 2),
-                  **{k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in metrics.items()}}
+        record = {
+            "step": step,
+            "time_s": round(time.time() - self._t0, 2),
+            **{k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in metrics.items()},
+        }
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         if self.wandb is not None:
@@ -195,13 +256,15 @@ class RunLogger:
     def status(self, step: int, steps: int, m: dict[str, float], policies: list[str]) -> None:
         """One terminal line per step: the numbers a researcher watches."""
         losses = [f"{p} " * (len(policies) > 1) + f"{m.get(f'train/{p}/loss', 0):+.4f}" for p in policies]
-        parts = [f"step {step:>4}/{steps}",
-                 f"reward {m.get('rollout/reward', 0):.3f}",
-                 f"loss {' '.join(losses)}",
-                 f"tok/s {m.get('perf/train_tokens_per_s', 0):7.1f}",
-                 f"step {m.get('perf/step_s', 0):6.1f}s (rollout {m.get('perf/rollout_wait_s', 0):.1f}, "
-                 f"train {m.get('perf/train_s', 0):.1f}, sync {m.get('perf/sync_s', 0):.1f}; engines busy "
-                 f"{m.get('perf/engine_busy_s', 0):.1f}s of {m.get('perf/rollout_window_s', 0):.1f})"]
+        parts = [
+            f"step {step:>4}/{steps}",
+            f"reward {m.get('rollout/reward', 0):.3f}",
+            f"loss {' '.join(losses)}",
+            f"tok/s {m.get('perf/train_tokens_per_s', 0):7.1f}",
+            f"step {m.get('perf/step_s', 0):6.1f}s (rollout {m.get('perf/rollout_wait_s', 0):.1f}, "
+            f"train {m.get('perf/train_s', 0):.1f}, sync {m.get('perf/sync_s', 0):.1f}; engines busy "
+            f"{m.get('perf/engine_busy_s', 0):.1f}s of {m.get('perf/rollout_window_s', 0):.1f})",
+        ]
         if "eval/reward" in m:
             parts.append(f"eval {m['eval/reward']:.3f}")
         if m.get("rollout/failed", 0):

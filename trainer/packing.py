@@ -91,8 +91,9 @@ class MicroBatch:
         return int((self.weights != 0).sum())
 
 
-def token_weights(traces: list[Trace], normalization: Normalization | str,
-                  constant: float = 1024.0) -> list[list[float]]:
+def token_weights(
+    traces: list[Trace], normalization: Normalization | str, constant: float = 1024.0
+) -> list[list[float]]:
     """Per-sequence loss weight of each generated token (same for every token of a sequence).
 
     token:    1 / (trainable tokens in the batch)            -- every token counts equally
@@ -126,8 +127,13 @@ def token_weights(traces: list[Trace], normalization: Normalization | str,
     return out
 
 
-def build_rows(traces: list[Trace], advantages: list[list[float]], weights: list[list[float]],
-               merge: bool = True, skip_zero_advantage: bool = False) -> list[Row]:
+def build_rows(
+    traces: list[Trace],
+    advantages: list[list[float]],
+    weights: list[list[float]],
+    merge: bool = True,
+    skip_zero_advantage: bool = False,
+) -> list[Row]:
     """Training rows for every sequence with a nonzero weight, merged by exact prefix if `merge`.
 
     `skip_zero_advantage`: leave out sequences whose advantage is 0 (e.g. every trace of a group
@@ -136,15 +142,18 @@ def build_rows(traces: list[Trace], advantages: list[list[float]], weights: list
     """
     rows: list[Row] = []
     for trace, advs, ws in zip(traces, advantages, weights):
-        live = [i for i, (_, a, w) in enumerate(zip(trace.sequences, advs, ws))
-                if w != 0.0 and not (skip_zero_advantage and a == 0.0)]
+        live = [
+            i
+            for i, (_, a, w) in enumerate(zip(trace.sequences, advs, ws))
+            if w != 0.0 and not (skip_zero_advantage and a == 0.0)
+        ]
         chains = prefix_chains(trace.sequences, live) if merge else [[i] for i in live]
         for chain in chains:
             row = Row([], [], [], [], [], trace.id, trace.sequences[chain[0]].policy)
             for i in chain:  # each prompt starts with the row so far: append only what is new
                 s, a, w = trace.sequences[i], advs[i], ws[i]
                 gap = len(s.prompt_ids) - len(row.input_ids)  # new prompt / observation tokens
-                row.input_ids += s.prompt_ids[len(row.input_ids):] + s.completion_ids
+                row.input_ids += s.prompt_ids[len(row.input_ids) :] + s.completion_ids
                 row.weights += [0.0] * gap + [w] * len(s.completion_ids)
                 row.advantages += [0.0] * gap + [a] * len(s.completion_ids)
                 row.old_logprobs += [0.0] * gap + list(s.logprobs)
@@ -161,7 +170,7 @@ def share_prefixes(rows: list[Row], token_budget: int) -> list[Row]:
     rest. A row alone, or one longer than the budget with its head, stays as it was."""
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
-        groups.setdefault((r.policy, tuple(r.input_ids[:r.trained_from()])), []).append(r)
+        groups.setdefault((r.policy, tuple(r.input_ids[: r.trained_from()])), []).append(r)
     out: list[Row] = []
     for (_, head), members in groups.items():
         trees: list[list[Row]] = []
@@ -181,9 +190,19 @@ def share_prefixes(rows: list[Row], token_budget: int) -> list[Row]:
 
 def _tree(rows: list[Row], head: int) -> Row:
     first = rows[0]
-    tree = Row(first.input_ids[:head], first.weights[:head], first.advantages[:head], first.old_logprobs[:head],
-               first.temperatures[:head], first.trace, first.policy, head=head, branch=[0] * head,
-               positions=list(range(head)), members=rows)
+    tree = Row(
+        first.input_ids[:head],
+        first.weights[:head],
+        first.advantages[:head],
+        first.old_logprobs[:head],
+        first.temperatures[:head],
+        first.trace,
+        first.policy,
+        head=head,
+        branch=[0] * head,
+        positions=list(range(head)),
+        members=rows,
+    )
     for k, r in enumerate(rows, start=1):
         n = len(r.input_ids)
         tree.input_ids += r.input_ids[head:]

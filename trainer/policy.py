@@ -54,30 +54,38 @@ def start_learners(cfg: TrainJobConfig, stack: ExitStack, gpu: bool) -> dict[str
         path = resolve_model(model.name, model.path)
         args = (path, learner, cfg.algorithm.loss, model.dtype, cfg.seed, ChatFormat.from_pretrained(path).pad_id)
         if len(members) > 1:
-            shared = stack.enter_context(LearnerGroup(
-                *args, name=group, adapters={p: (cfg.policy_lora(p), cfg.policy_learner(p)) for p in members},
-                wait=False))
+            shared = stack.enter_context(
+                LearnerGroup(
+                    *args,
+                    name=group,
+                    adapters={p: (cfg.policy_lora(p), cfg.policy_learner(p)) for p in members},
+                    wait=False,
+                )
+            )
             learners.update({p: shared.view(p) for p in members})
         else:
-            learners[first] = stack.enter_context(LearnerGroup(*args, name=first, lora=cfg.policy_lora(first),
-                                                               wait=False))
+            learners[first] = stack.enter_context(
+                LearnerGroup(*args, name=first, lora=cfg.policy_lora(first), wait=False)
+            )
     return learners
 
 
-def trained_policies(cfg: TrainJobConfig, fleet: RolloutFleet, stack: ExitStack,
-                     started: dict[str, LearnerGroup | AdapterLearners] | None = None) -> dict[str, TrainedPolicy]:
+def trained_policies(
+    cfg: TrainJobConfig,
+    fleet: RolloutFleet,
+    stack: ExitStack,
+    started: dict[str, LearnerGroup | AdapterLearners] | None = None,
+) -> dict[str, TrainedPolicy]:
     """Every trainable policy's bundle, in `stack`, once its learners are ready: the CPU ones
     `started` before the fleet (start_learners; None: start them now), the GPU ones started here."""
     if started is None:
         started = start_learners(cfg, stack, gpu=False)
     started = {**started, **start_learners(cfg, stack, gpu=True)}
-    return {p: stack.enter_context(TrainedPolicy(cfg, p, fleet, started[p].ready()))
-            for p in cfg.trainable_policies()}
+    return {p: stack.enter_context(TrainedPolicy(cfg, p, fleet, started[p].ready())) for p in cfg.trainable_policies()}
 
 
 class TrainedPolicy:
-    def __init__(self, cfg: TrainJobConfig, name: str, fleet: RolloutFleet,
-                 learners: AdapterLearners | None = None):
+    def __init__(self, cfg: TrainJobConfig, name: str, fleet: RolloutFleet, learners: AdapterLearners | None = None):
         """`learners`: this policy's view of a learner group it shares with other adapter policies
         (not shut down with this bundle); None: the bundle starts its own."""
         self.cfg, self.name = cfg, name
@@ -85,9 +93,20 @@ class TrainedPolicy:
         self.model_path = fleet.model_paths[name]
         self.format = ChatFormat.from_pretrained(self.model_path)
         self.owns_learners = learners is None
-        self.learners = learners if learners is not None else LearnerGroup(
-            self.model_path, self.learner_cfg, cfg.algorithm.loss, cfg.policy_model(name).dtype, cfg.seed,
-            self.format.pad_id, name=name, lora=cfg.policy_lora(name))
+        self.learners = (
+            learners
+            if learners is not None
+            else LearnerGroup(
+                self.model_path,
+                self.learner_cfg,
+                cfg.algorithm.loss,
+                cfg.policy_model(name).dtype,
+                cfg.seed,
+                self.format.pad_id,
+                name=name,
+                lora=cfg.policy_lora(name),
+            )
+        )
         self.sync = self._weight_sync(fleet)
         self.version = 0  # optimizer steps taken = the engines' weight version
         self.trained_tokens = 0.0  # generated tokens trained on, this process
@@ -98,17 +117,22 @@ class TrainedPolicy:
         """The policy's weight transport (`sync.method`); `auto` falls back to the object store
         when the collective group cannot form (say, no route between a learner and an engine node)."""
         engine, method = self.cfg.policy_engine(self.name), self.cfg.sync_method(self.name)
-        args = dict(bucket_bytes=self.cfg.sync.bucket_mb << 20, timeout_s=engine.sync_timeout_s,
-                    store=fleet.stores[self.name])
+        args = dict(
+            bucket_bytes=self.cfg.sync.bucket_mb << 20, timeout_s=engine.sync_timeout_s, store=fleet.stores[self.name]
+        )
         if method == SyncMethod.collective:
             try:
                 return CollectiveSync(self.learners, fleet.engines[self.name], self.cfg.sync.transport, **args)
             except (ray.exceptions.RayError, RuntimeError, TimeoutError) as e:
                 if self.cfg.sync.method == SyncMethod.collective:
-                    raise RuntimeError(f"sync.method=collective: the weight group of policy {self.name!r} did not "
-                                       f"form ({e}); set sync.method=object_store") from e
-                log.warning(f"[sync] policy {self.name!r}: the weight group did not form ({type(e).__name__}: "
-                            f"{str(e)[:200]}); sync.method=auto sends weights through the object store")
+                    raise RuntimeError(
+                        f"sync.method=collective: the weight group of policy {self.name!r} did not "
+                        f"form ({e}); set sync.method=object_store"
+                    ) from e
+                log.warning(
+                    f"[sync] policy {self.name!r}: the weight group did not form ({type(e).__name__}: "
+                    f"{str(e)[:200]}); sync.method=auto sends weights through the object store"
+                )
         return ObjectStoreSync(self.learners, fleet.engines[self.name], **args)
 
     def __enter__(self) -> TrainedPolicy:
@@ -149,14 +173,22 @@ class TrainedPolicy:
             synced = self.sync.push(self.version)
         else:  # the weights did not change: the engines keep serving this version
             synced = {"seconds": 0.0, "bytes_per_s": 0.0, "bytes": 0.0, "fallbacks": 0.0}
-        m.update({f"perf/{p}/train_s": train_s, f"perf/{p}/sync_s": synced["seconds"],
-                  # inside the ranks (the rest of train_s: packing, Ray); 0 when nothing was trained
-                  f"perf/{p}/learner_s": stats["seconds"] if batches else 0.0,
-                  f"sync/{p}/seconds": synced["seconds"], f"sync/{p}/bytes_per_s": synced["bytes_per_s"],
-                  f"sync/{p}/bytes": synced["bytes"], f"sync/{p}/fallbacks": synced.get("fallbacks", 0.0),
-                  f"async/{p}/staleness_mean": float(np.mean(lags or [0])),
-                  f"async/{p}/staleness_max": float(max(lags or [0])), f"async/{p}/version": float(self.version),
-                  f"async/{p}/dropped_stale": float(self.dropped_stale)})
+        m.update(
+            {
+                f"perf/{p}/train_s": train_s,
+                f"perf/{p}/sync_s": synced["seconds"],
+                # inside the ranks (the rest of train_s: packing, Ray); 0 when nothing was trained
+                f"perf/{p}/learner_s": stats["seconds"] if batches else 0.0,
+                f"sync/{p}/seconds": synced["seconds"],
+                f"sync/{p}/bytes_per_s": synced["bytes_per_s"],
+                f"sync/{p}/bytes": synced["bytes"],
+                f"sync/{p}/fallbacks": synced.get("fallbacks", 0.0),
+                f"async/{p}/staleness_mean": float(np.mean(lags or [0])),
+                f"async/{p}/staleness_max": float(max(lags or [0])),
+                f"async/{p}/version": float(self.version),
+                f"async/{p}/dropped_stale": float(self.dropped_stale),
+            }
+        )
         return m
 
     def skipped(self, stats: dict[str, float]) -> bool:
@@ -167,12 +199,16 @@ class TrainedPolicy:
             return False
         self.skipped_in_a_row += 1
         limit = self.cfg.trainer.max_skipped_steps
-        log.warning(f"[train] policy {self.name}: optimizer step skipped (non-finite loss or gradient norm "
-                    f"{stats['grad_norm']}); {self.skipped_in_a_row} in a row, the run stops at {limit}")
+        log.warning(
+            f"[train] policy {self.name}: optimizer step skipped (non-finite loss or gradient norm "
+            f"{stats['grad_norm']}); {self.skipped_in_a_row} in a row, the run stops at {limit}"
+        )
         if self.skipped_in_a_row >= limit:
-            raise RuntimeError(f"policy {self.name}: {limit} optimizer steps in a row had a non-finite loss or "
-                               f"gradient and were skipped (trainer.max_skipped_steps={limit}); the weights "
-                               f"are those of version {self.version}: check the rewards, the advantages and lr")
+            raise RuntimeError(
+                f"policy {self.name}: {limit} optimizer steps in a row had a non-finite loss or "
+                f"gradient and were skipped (trainer.max_skipped_steps={limit}); the weights "
+                f"are those of version {self.version}: check the rewards, the advantages and lr"
+            )
         return True
 
     def save(self, run_dir: Path, step: int) -> None:
@@ -185,12 +221,18 @@ class TrainedPolicy:
         self.sync.push(self.version)
 
     def summary(self) -> dict:
-        return {"trained_tokens": self.trained_tokens, "version": self.version, "dropped_stale": self.dropped_stale,
-                "learner_nodes": self.learners.node_ids, "sync": type(self.sync).__name__}
+        return {
+            "trained_tokens": self.trained_tokens,
+            "version": self.version,
+            "dropped_stale": self.dropped_stale,
+            "learner_nodes": self.learners.node_ids,
+            "sync": type(self.sync).__name__,
+        }
 
 
-def micro_batches(traces: list[Trace], advantages: list[list[float]], a, token_budget: int,
-                  pad_id: int) -> tuple[list[Row], list[MicroBatch]]:
+def micro_batches(
+    traces: list[Trace], advantages: list[list[float]], a, token_budget: int, pad_id: int
+) -> tuple[list[Row], list[MicroBatch]]:
     """One policy's training rows and packed micro-batches of `traces` (already its view):
     loss weights, exact-prefix rows, shared-prompt trees, packing, as `algorithm` (`a`) says."""
     weights = token_weights(traces, a.loss.normalization, a.loss.constant)
@@ -199,4 +241,3 @@ def micro_batches(traces: list[Trace], advantages: list[list[float]], a, token_b
     if a.share_prefixes:
         rows = share_prefixes(rows, token_budget)
     return rows, pack(rows, token_budget, pad_id)
-

@@ -23,19 +23,25 @@ def check_run_dir(cfg: TrainJobConfig) -> None:
     t, run_dir, source = cfg.trainer, Path(cfg.run_dir), resume_source(cfg)
     newest = checkpoint.latest(source) if source else None
     if t.resume and t.resume != "auto" and newest is None:
-        raise ValueError(f"trainer.resume={t.resume!r}: no complete checkpoint under {source}/checkpoints "
-                         f"(trainer.resume=auto starts afresh when there is none)")
+        raise ValueError(
+            f"trainer.resume={t.resume!r}: no complete checkpoint under {source}/checkpoints "
+            f"(trainer.resume=auto starts afresh when there is none)"
+        )
     continues_here = newest is not None and source.resolve() == run_dir.resolve()
     if previous_run(run_dir) and not (continues_here or t.overwrite or t.resume == "auto"):
-        raise ValueError(f"run_dir={str(run_dir)!r} holds a previous run ({', '.join(previous_run(run_dir))}): "
-                         f"continue it with trainer.resume=auto, start afresh with trainer.overwrite=true "
-                         f"(deletes its outputs), or choose another run_dir")
+        raise ValueError(
+            f"run_dir={str(run_dir)!r} holds a previous run ({', '.join(previous_run(run_dir))}): "
+            f"continue it with trainer.resume=auto, start afresh with trainer.overwrite=true "
+            f"(deletes its outputs), or choose another run_dir"
+        )
     # past a damaged trainer_state.json, as the resume itself falls back
     newest, state = (checkpoint.newest_state(source) if newest else None) or (None, {"step": -1})
     if state["step"] >= t.steps:
-        raise ValueError(f"trainer.resume={t.resume!r}: {newest} is at step {state['step']} of "
-                         f"trainer.steps={t.steps}: nothing left to train; raise trainer.steps, or start afresh "
-                         f"with trainer.overwrite=true and without trainer.resume")
+        raise ValueError(
+            f"trainer.resume={t.resume!r}: {newest} is at step {state['step']} of "
+            f"trainer.steps={t.steps}: nothing left to train; raise trainer.steps, or start afresh "
+            f"with trainer.overwrite=true and without trainer.resume"
+        )
 
 
 def resume_source(cfg: TrainJobConfig) -> Path | None:
@@ -59,8 +65,10 @@ def start_run_dir(cfg: TrainJobConfig) -> tuple[Path, Path | None]:
     resume_from = source if source and checkpoint.latest(source) else None
     if resume_from is None or resume_from.resolve() != run_dir.resolve():
         for name in previous_run(run_dir):
-            log.warning(f"[train] deleting {run_dir / name} of the previous run (trainer.overwrite / resume=auto "
-                        f"without a checkpoint)")
+            log.warning(
+                f"[train] deleting {run_dir / name} of the previous run (trainer.overwrite / resume=auto "
+                f"without a checkpoint)"
+            )
             if (run_dir / name).is_dir():
                 shutil.rmtree(run_dir / name)
             else:

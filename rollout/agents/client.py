@@ -37,8 +37,9 @@ _TAILS_MAX = 4096  # continuations cached per ChatFormat (keyed on the new turns
 class Backend(Protocol):
     """Where an agent's requests go (the router over a policy's engines)."""
 
-    async def generate(self, key: str, prompt_ids: list[int], sampling: SamplingConfig,
-                       seed: int | None = None) -> list[Completion]: ...
+    async def generate(
+        self, key: str, prompt_ids: list[int], sampling: SamplingConfig, seed: int | None = None
+    ) -> list[Completion]: ...
 
 
 class ChatFormat:
@@ -46,8 +47,10 @@ class ChatFormat:
 
     def __init__(self, tokenizer):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no chat template; "
-                             "use a chat/instruct model or set one on the tokenizer")
+            raise ValueError(
+                f"tokenizer {tokenizer.name_or_path!r} has no chat template; "
+                "use a chat/instruct model or set one on the tokenizer"
+            )
         self.tok = tokenizer
         self.vocab_size = len(tokenizer)
         self._special = set(tokenizer.all_special_ids)
@@ -70,8 +73,9 @@ class ChatFormat:
         return "tools" in self.tok.chat_template and "tool_calls" in self.tok.chat_template
 
     def _text(self, messages: list[Message], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, tools=tools,
-                                            add_generation_prompt=add_generation_prompt)
+        return self.tok.apply_chat_template(
+            messages, tokenize=False, tools=tools, add_generation_prompt=add_generation_prompt
+        )
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
@@ -101,9 +105,9 @@ class ChatFormat:
             return list(self._tails[key])
         base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _MARK}]
         text = self._text(base + list(messages), add_generation_prompt=True)
-        tail = text[text.index(_MARK) + len(_MARK):]
+        tail = text[text.index(_MARK) + len(_MARK) :]
         if end and tail.startswith(end):
-            tail = tail[len(end):]
+            tail = tail[len(end) :]
         self._tails[key] = self.encode(tail)
         if len(self._tails) > _TAILS_MAX:  # bounded: every gateway tool result is a new key
             self._tails.popitem(last=False)
@@ -125,10 +129,19 @@ class TraceRecorder:
 class Agent:
     """One harness role bound to one policy. Every call is recorded in the trace."""
 
-    def __init__(self, role: str, policy: str, backend: Backend, chat_format: ChatFormat,
-                 recorder: TraceRecorder, sampling: SamplingConfig, seed: int | None = None,
-                 trainable: bool = True, max_model_len: int | None = None,
-                 gateway: Callable[[], Awaitable[Gateway]] = Gateway.shared):
+    def __init__(
+        self,
+        role: str,
+        policy: str,
+        backend: Backend,
+        chat_format: ChatFormat,
+        recorder: TraceRecorder,
+        sampling: SamplingConfig,
+        seed: int | None = None,
+        trainable: bool = True,
+        max_model_len: int | None = None,
+        gateway: Callable[[], Awaitable[Gateway]] = Gateway.shared,
+    ):
         """`seed`: if set, every call samples with a seed derived from it, the trace id,
         the role and the call's number, so a rollout can be replayed exactly. `trainable`:
         whether `policy` is trained (recorded on every sequence). `max_model_len`: the policy's
@@ -159,19 +172,27 @@ class Agent:
             return None
         return zlib.crc32(f"{self._seed}:{self._recorder.trace_id}:{self.role}:{self._calls}".encode())
 
-    async def generate(self, prompt_ids: list[int], parent: int | None = None,
-                       **sampling) -> tuple[Completion, int]:
+    async def generate(self, prompt_ids: list[int], parent: int | None = None, **sampling) -> tuple[Completion, int]:
         """Low level: one completion of raw prompt ids; returns it and its sequence index."""
         params = dataclasses.replace(self._sampling, n=1, **sampling)
         [c] = await self._backend.generate(self._recorder.trace_id, prompt_ids, params, self._call_seed())
-        index = self._recorder.record(Sequence(
-            prompt_ids=prompt_ids, completion_ids=c.completion_ids, logprobs=c.logprobs,
-            agent=self.role, policy=self.policy, version=c.version, trainable=self.trainable,
-            finish_reason=c.finish_reason, parent=parent, temperature=params.temperature))
+        index = self._recorder.record(
+            Sequence(
+                prompt_ids=prompt_ids,
+                completion_ids=c.completion_ids,
+                logprobs=c.logprobs,
+                agent=self.role,
+                policy=self.policy,
+                version=c.version,
+                trainable=self.trainable,
+                finish_reason=c.finish_reason,
+                parent=parent,
+                temperature=params.temperature,
+            )
+        )
         return c, index
 
-    async def chat(self, messages: str | list[Message], system: str | None = None,
-                   **sampling) -> str:
+    async def chat(self, messages: str | list[Message], system: str | None = None, **sampling) -> str:
         """One stateless model call on a fresh context; returns the generated text."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]

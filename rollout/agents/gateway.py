@@ -72,6 +72,7 @@ MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) b
 
 # ---- sessions ------------------------------------------------------------------------------
 
+
 @dataclass
 class _Call:
     history: list[dict]  # the request's messages + the reply returned (normalized)
@@ -115,8 +116,9 @@ class Session:
         if isinstance(self.failure, EngineError):
             raise self.failure
         if self.failure is not None:
-            raise RuntimeError(f"the gateway failed a request of this run: {type(self.failure).__name__}: "
-                               f"{self.failure}") from self.failure
+            raise RuntimeError(
+                f"the gateway failed a request of this run: {type(self.failure).__name__}: {self.failure}"
+            ) from self.failure
 
 
 def _quiet_server(config):
@@ -173,8 +175,9 @@ class Gateway:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, timeout_keep_alive=30,
-                                lifespan="off")
+        config = uvicorn.Config(
+            self.app(), log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="off"
+        )
         self._server = _quiet_server(config)
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
@@ -198,8 +201,12 @@ class Gateway:
         """A session for one harness run: its `base_url(role)` for each of `agents`' roles, and the
         `api_key` its requests must carry."""
         sid = secrets.token_hex(12)
-        session = Session(sid, f"http://{self.host}:{self.port}/s/{sid}", {r: _Role(a) for r, a in agents.items()},
-                          api_key=secrets.token_urlsafe(32))
+        session = Session(
+            sid,
+            f"http://{self.host}:{self.port}/s/{sid}",
+            {r: _Role(a) for r, a in agents.items()},
+            api_key=secrets.token_urlsafe(32),
+        )
         self.sessions[sid] = session
         try:
             yield session
@@ -216,16 +223,20 @@ class Gateway:
         async def http_error(request, e):  # unknown paths and methods: JSON too
             return error_response(str(e.detail), e.status_code)
 
-        return Starlette(routes=[
-            Route("/s/{session}/{role}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
-            Route("/s/{session}/{role}/v1/models", self._answering(self._models), methods=["GET"]),
-            Route("/s/{session}/{role}/v1/reward", self._answering(self._reward), methods=["POST"]),
-        ], exception_handlers={HTTPException: http_error})
+        return Starlette(
+            routes=[
+                Route("/s/{session}/{role}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
+                Route("/s/{session}/{role}/v1/models", self._answering(self._models), methods=["GET"]),
+                Route("/s/{session}/{role}/v1/reward", self._answering(self._reward), methods=["POST"]),
+            ],
+            exception_handlers={HTTPException: http_error},
+        )
 
     def _answering(self, handler):
         """`handler` with whatever it raises answered as an OpenAI-style error: a RequestError as
         the one it describes; an engine failure as a 503 and anything else as a 500, both kept
         on the session for its harness to raise when the agent is done."""
+
         async def endpoint(request):
             try:
                 return await handler(request)
@@ -233,8 +244,11 @@ class Gateway:
                 return e.response()
             except EngineError as e:
                 self._fail(request, e)
-                return error_response(f"the model's engine failed this request ({e}); tracerl runs the episode again",
-                              503, code="engine_unavailable")
+                return error_response(
+                    f"the model's engine failed this request ({e}); tracerl runs the episode again",
+                    503,
+                    code="engine_unavailable",
+                )
             except Exception as e:
                 log.exception("gateway request %s failed", request.url.path)
                 self._fail(request, e)
@@ -253,9 +267,12 @@ class Gateway:
             raise RequestError("unknown session: this URL's harness run has ended (or never began)", status=404)
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), session.api_key.encode()):
-            raise RequestError("missing or wrong API key: send this session's key as 'Authorization: Bearer <key>' "
-                               "(the harness gives the agent its api_key argument, or OPENAI_API_KEY)",
-                               status=401, code="invalid_api_key")
+            raise RequestError(
+                "missing or wrong API key: send this session's key as 'Authorization: Bearer <key>' "
+                "(the harness gives the agent its api_key argument, or OPENAI_API_KEY)",
+                status=401,
+                code="invalid_api_key",
+            )
         role = request.path_params.get("role")
         if role is not None and role not in session.roles:
             raise RequestError(f"role {role!r} is not in this run; its roles are {sorted(session.roles)}", status=404)
@@ -305,10 +322,15 @@ class Gateway:
         context = slot.agent.max_model_len
         if context is not None:  # as vLLM's server: refuse a prompt that does not fit, clamp max_tokens to the rest
             if len(prompt) >= context:
-                raise RequestError(f"This model's maximum context length is {context} tokens; your messages are "
-                                   f"{len(prompt)} tokens. Shorten them.", "messages", code="context_length_exceeded")
-            sampling["max_tokens"] = min(sampling.get("max_tokens", slot.agent.sampling.max_tokens),
-                                         context - len(prompt))
+                raise RequestError(
+                    f"This model's maximum context length is {context} tokens; your messages are "
+                    f"{len(prompt)} tokens. Shorten them.",
+                    "messages",
+                    code="context_length_exceeded",
+                )
+            sampling["max_tokens"] = min(
+                sampling.get("max_tokens", slot.agent.sampling.max_tokens), context - len(prompt)
+            )
         if parent is None:
             session.fresh += n
         else:
@@ -326,15 +348,24 @@ class Gateway:
             completion_tokens += len(c.completion_ids)
             message = {"role": "assistant", "content": content}
             if calls:
-                message["tool_calls"] = [{"id": t["id"], "type": "function",
-                                          "function": {"name": t["name"], "arguments": t["arguments"]}}
-                                         for t in calls]
+                message["tool_calls"] = [
+                    {"id": t["id"], "type": "function", "function": {"name": t["name"], "arguments": t["arguments"]}}
+                    for t in calls
+                ]
             finish = "tool_calls" if calls else ("length" if c.finish_reason == "length" else "stop")
             choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
-        return {"id": f"chatcmpl-{session.id}-{len(slot.calls)}", "object": "chat.completion",
-                "created": int(time.time()), "model": slot.agent.policy, "choices": choices,
-                "usage": {"prompt_tokens": len(prompt) * n, "completion_tokens": completion_tokens,
-                          "total_tokens": len(prompt) * n + completion_tokens}}
+        return {
+            "id": f"chatcmpl-{session.id}-{len(slot.calls)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": slot.agent.policy,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt) * n,
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt) * n + completion_tokens,
+            },
+        }
 
 
 def _prompt(slot: _Role, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], int | None]:
@@ -351,8 +382,9 @@ def _prompt(slot: _Role, messages: list[dict], tools: list[dict] | None) -> tupl
                 return call.ids + fmt.continuation(call.ids, template_messages(messages[k:], fmt, None)), call.index
         return fmt.render(template_messages(messages, fmt, tools), tools=native_tools(fmt, tools)), None
     except (TemplateError, TypeError, ValueError, RecursionError) as e:
-        raise RequestError(f"the chat template could not render these messages: {type(e).__name__}: {e}",
-                           "messages") from None
+        raise RequestError(
+            f"the chat template could not render these messages: {type(e).__name__}: {e}", "messages"
+        ) from None
 
 
 async def _unless_disconnected(request, work):
@@ -395,5 +427,3 @@ async def _json(request, limit: int) -> dict:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     return body
-
-

@@ -24,8 +24,7 @@ def error_response(message: str, status: int, param: str | None = None, code: st
     from starlette.responses import JSONResponse
 
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                        status_code=status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
 
 
 def _text(content: Any, where: str) -> str:
@@ -53,26 +52,55 @@ def normalize(messages: Any) -> list[dict]:
         calls = m.get("tool_calls") or []
         if calls:
             try:
-                msg["tool_calls"] = [{"id": c.get("id"), "name": c["function"]["name"],
-                                      "arguments": c["function"].get("arguments") or "{}"} for c in calls]
+                msg["tool_calls"] = [
+                    {
+                        "id": c.get("id"),
+                        "name": c["function"]["name"],
+                        "arguments": c["function"].get("arguments") or "{}",
+                    }
+                    for c in calls
+                ]
                 if not all(isinstance(c["arguments"], str) for c in msg["tool_calls"]):
                     raise TypeError
             except (AttributeError, KeyError, TypeError):
-                raise RequestError(f"{where}.tool_calls must be a list of {{id, function: {{name, arguments}}}} "
-                                   f"with arguments a JSON string", where) from None
+                raise RequestError(
+                    f"{where}.tool_calls must be a list of {{id, function: {{name, arguments}}}} "
+                    f"with arguments a JSON string",
+                    where,
+                ) from None
         out.append(msg)
     return out
 
 
 # Settings that change the sampled distribution in ways the learner does not reproduce, and the
 # values that leave it alone (absent, or one of these).
-_REFUSED = {"top_p": (1,), "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,),
-            "repetition_penalty": (1,), "min_p": (0,), "top_k": (-1, 0), "response_format": ({"type": "text"},),
-            "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-            "structured_outputs": (), "min_tokens": (0,), "bad_words": ([],), "allowed_token_ids": ()}
+_REFUSED = {
+    "top_p": (1,),
+    "logit_bias": ({},),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (1,),
+    "min_p": (0,),
+    "top_k": (-1, 0),
+    "response_format": ({"type": "text"},),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structured_outputs": (),
+    "min_tokens": (0,),
+    "bad_words": ([],),
+    "allowed_token_ids": (),
+}
 # Fields this gateway does not implement (rather than answer as if they had been taken).
-_UNIMPLEMENTED = {"logprobs": (False,), "top_logprobs": (0,), "chat_template_kwargs": ({},),
-                  "continue_final_message": (False,), "add_generation_prompt": (True,), "echo": (False,)}
+_UNIMPLEMENTED = {
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "chat_template_kwargs": ({},),
+    "continue_final_message": (False,),
+    "add_generation_prompt": (True,),
+    "echo": (False,),
+}
 
 
 def sampling_args(body: dict) -> dict:
@@ -80,9 +108,12 @@ def sampling_args(body: dict) -> dict:
     for key, neutral in _REFUSED.items():
         value = body.get(key)
         if value is not None and value not in neutral:
-            raise RequestError(f"{key}={str(value)[:100]} is not supported: the learner scores each token under "
-                               f"the model's full distribution at the sampling temperature, and cannot reproduce "
-                               f"{key}; leave it out", key)
+            raise RequestError(
+                f"{key}={str(value)[:100]} is not supported: the learner scores each token under "
+                f"the model's full distribution at the sampling temperature, and cannot reproduce "
+                f"{key}; leave it out",
+                key,
+            )
     for key, neutral in _UNIMPLEMENTED.items():
         value = body.get(key)
         if value is not None and value not in neutral:
@@ -117,32 +148,46 @@ def request_tools(body: dict) -> list[dict] | None:
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
-        raise RequestError(f"tool_choice={choice!r} is not supported: forcing a call needs constrained decoding, "
-                           f"which the learner cannot reproduce; use 'auto'", "tool_choice")
+        raise RequestError(
+            f"tool_choice={choice!r} is not supported: forcing a call needs constrained decoding, "
+            f"which the learner cannot reproduce; use 'auto'",
+            "tool_choice",
+        )
     if not tools or choice == "none":
         return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function"
-                                              and isinstance(t.get("function"), dict)
-                                              and isinstance(t["function"].get("name"), str) for t in tools):
-        raise RequestError("tools must be a list of {type: function, function: {name, description, parameters}}",
-                           "tools")
+    if not isinstance(tools, list) or not all(
+        isinstance(t, dict)
+        and t.get("type") == "function"
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+        for t in tools
+    ):
+        raise RequestError(
+            "tools must be a list of {type: function, function: {name, description, parameters}}", "tools"
+        )
     return tools
 
 
 def sse_events(result: dict, body: dict):
     """The response as server-sent chat.completion.chunk events (whole choices: the engine answers
     a request once it is complete)."""
+
     async def events():
-        base = {"id": result["id"], "object": "chat.completion.chunk", "created": result["created"],
-                "model": result["model"]}
+        base = {
+            "id": result["id"],
+            "object": "chat.completion.chunk",
+            "created": result["created"],
+            "model": result["model"],
+        }
         for choice in result["choices"]:
             msg = choice["message"]
             delta: dict[str, Any] = {"role": "assistant", "content": msg["content"]}
             if msg.get("tool_calls"):
                 delta["tool_calls"] = [{"index": k, **t} for k, t in enumerate(msg["tool_calls"])]
             yield _event({**base, "choices": [{"index": choice["index"], "delta": delta, "finish_reason": None}]})
-            yield _event({**base, "choices": [{"index": choice["index"], "delta": {},
-                                               "finish_reason": choice["finish_reason"]}]})
+            yield _event(
+                {**base, "choices": [{"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}]}
+            )
         if (body.get("stream_options") or {}).get("include_usage"):
             yield _event({**base, "choices": [], "usage": result["usage"]})
         yield "data: [DONE]\n\n"

@@ -10,9 +10,11 @@ from typing import Any
 from rollout.agents.messages import RequestError
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_TOOL_PROMPT = ("You can call the functions below. To call one, reply with only\n<tool_call>\n"
-                '{"name": "<function name>", "arguments": {<arguments as JSON>}}\n</tool_call>\n'
-                "and you will get its result in the next message.\nFunctions:\n")
+_TOOL_PROMPT = (
+    "You can call the functions below. To call one, reply with only\n<tool_call>\n"
+    '{"name": "<function name>", "arguments": {<arguments as JSON>}}\n</tool_call>\n'
+    "and you will get its result in the next message.\nFunctions:\n"
+)
 
 
 def _call_text(call: dict) -> str:
@@ -33,7 +35,7 @@ def _tool_blocks(text: str):
         end = text.find(_CLOSE, start + len(_OPEN))
         if end == -1:  # no close after this opening, so none after any later one: stop, do not rescan
             return
-        yield start, end + len(_CLOSE), text[start + len(_OPEN):end].strip()
+        yield start, end + len(_CLOSE), text[start + len(_OPEN) : end].strip()
         pos = end + len(_CLOSE)
 
 
@@ -51,8 +53,13 @@ def parse_tool_calls(text: str, session: str, counter: int) -> tuple[str | None,
             continue
         kept.append(text[last:start])
         last = end
-        calls.append({"id": f"call_{session[:8]}_{counter + len(calls)}", "name": name,
-                      "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+        calls.append(
+            {
+                "id": f"call_{session[:8]}_{counter + len(calls)}",
+                "name": name,
+                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+            }
+        )
     content = ("".join(kept) + text[last:]).strip() if calls else text
     return (content or None) if calls else content, calls
 
@@ -71,9 +78,10 @@ def template_messages(messages: list[dict], fmt, tools: list[dict] | None) -> li
         msg = {"role": m["role"], "content": m["content"]}
         if m.get("tool_calls"):
             if native:
-                msg["tool_calls"] = [{"id": c["id"], "type": "function",
-                                      "function": {"name": c["name"], "arguments": _arguments(c)}}
-                                     for c in m["tool_calls"]]
+                msg["tool_calls"] = [
+                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": _arguments(c)}}
+                    for c in m["tool_calls"]
+                ]
             else:
                 blocks = [_call_text(c) for c in m["tool_calls"]]
                 msg["content"] = "\n".join([m["content"], *blocks] if m["content"] else blocks)
@@ -92,5 +100,6 @@ def _arguments(call: dict) -> Any:
     try:
         return json.loads(call["arguments"])
     except (ValueError, RecursionError):
-        raise RequestError(f"the arguments of tool call {call['name']!r} are not JSON: {call['arguments'][:200]!r}",
-                           "messages") from None
+        raise RequestError(
+            f"the arguments of tool call {call['name']!r} are not JSON: {call['arguments'][:200]!r}", "messages"
+        ) from None

@@ -65,18 +65,27 @@ def bind_cpu_cores(cfg: EngineConfig) -> None:
         return
     i, n = map(int, share.groups())
     cores = sorted(os.sched_getaffinity(0))
-    mine = cores[i * len(cores) // n:(i + 1) * len(cores) // n]
+    mine = cores[i * len(cores) // n : (i + 1) * len(cores) // n]
     k = cfg.tensor_parallel_size
     if len(mine) < k:
-        raise ValueError(f"engine.cpu_cores={cfg.cpu_cores}: {len(mine)} of this node's {len(cores)} cores for "
-                         f"tensor_parallel_size={k}")
+        raise ValueError(
+            f"engine.cpu_cores={cfg.cpu_cores}: {len(mine)} of this node's {len(cores)} cores for "
+            f"tensor_parallel_size={k}"
+        )
     per = len(mine) // k
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
-        ",".join(map(str, mine[r * per:(r + 1) * per])) for r in range(k))
+        ",".join(map(str, mine[r * per : (r + 1) * per])) for r in range(k)
+    )
 
 
-def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
-                max_model_len: int = 2048, seed: int = 0, adapters: dict[str, LoraConfig] | None = None):
+def engine_args(
+    model_path: str,
+    cfg: EngineConfig,
+    dtype: str = "float32",
+    max_model_len: int = 2048,
+    seed: int = 0,
+    adapters: dict[str, LoraConfig] | None = None,
+):
     """vLLM engine arguments for one engine (built, not started: nothing probes the device); CPU and
     GPU differ only in KV-cache sizing and prefill chunking (`_memory_args`). With `adapters`, LoRA
     slots for all of them at once (none is ever evicted)."""
@@ -85,8 +94,16 @@ def engine_args(model_path: str, cfg: EngineConfig, dtype: str = "float32",
 
     from rollout.weights.lora_names import vllm_max_rank
 
-    lora = ({"enable_lora": True, "max_loras": len(adapters), "max_cpu_loras": len(adapters),
-             "max_lora_rank": vllm_max_rank([a.rank for a in adapters.values()])} if adapters else {})
+    lora = (
+        {
+            "enable_lora": True,
+            "max_loras": len(adapters),
+            "max_cpu_loras": len(adapters),
+            "max_lora_rank": vllm_max_rank([a.rank for a in adapters.values()]),
+        }
+        if adapters
+        else {}
+    )
     return AsyncEngineArgs(
         model=model_path,
         dtype=dtype,
@@ -120,12 +137,14 @@ def _memory_args(cfg: EngineConfig, max_model_len: int) -> dict:
         explicit = {} if cfg.kv_cache_gb is None else {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30)}
         return {"gpu_memory_utilization": cfg.gpu_memory_utilization, **explicit}
     assert cfg.kv_cache_gb is not None, "engine.kv_cache_gb: a size is needed on CPU (the config check says so)"
-    return {"kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30),
-            # A chunked prefill discards its sampled token and rewinds the request's
-            # seeded generator, which CPU generators cannot do ("CPU Generator does not
-            # use offset"): seeded sampling on CPU needs whole prefills.
-            "enable_chunked_prefill": False,
-            "max_num_batched_tokens": max(max_model_len, 8192)}
+    return {
+        "kv_cache_memory_bytes": int(cfg.kv_cache_gb * 2**30),
+        # A chunked prefill discards its sampled token and rewinds the request's
+        # seeded generator, which CPU generators cannot do ("CPU Generator does not
+        # use offset"): seeded sampling on CPU needs whole prefills.
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(max_model_len, 8192),
+    }
 
 
 def sampling_params(s: SamplingConfig, seed: int | None = None):
@@ -134,8 +153,15 @@ def sampling_params(s: SamplingConfig, seed: int | None = None):
     from vllm.sampling_params import RequestOutputKind
 
     return SamplingParams(
-        n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
-        stop=list(s.stop) or None, ignore_eos=s.ignore_eos, seed=seed, logprobs=0,
+        n=s.n,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_tokens=s.max_tokens,
+        stop=list(s.stop) or None,
+        ignore_eos=s.ignore_eos,
+        seed=seed,
+        logprobs=0,
         detokenize=bool(s.stop),
         # With n > 1 the last streamed output can miss completions (docs/cpu_notes.md).
-        output_kind=RequestOutputKind.FINAL_ONLY)
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )

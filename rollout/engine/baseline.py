@@ -22,8 +22,14 @@ from rollout.engine.args import (
 )
 
 
-def bench_vllm(model_path: str, prompts: list[list[int]], sampling: SamplingConfig,
-               engine: EngineConfig, rounds: int, dtype: str = "float32") -> list[dict]:
+def bench_vllm(
+    model_path: str,
+    prompts: list[list[int]],
+    sampling: SamplingConfig,
+    engine: EngineConfig,
+    rounds: int,
+    dtype: str = "float32",
+) -> list[dict]:
     """After a warm-up on 4 prompts, `rounds` times: {"tokens": generated, "seconds": wall} of
     every prompt at once."""
     _vllm_env(engine.vllm_log_level)  # the engines' quiet start

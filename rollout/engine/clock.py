@@ -17,8 +17,16 @@ import time
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 # The counters `StepClock.totals()` returns, each a running total since the engine started.
-FIELDS = ("prefill_s", "decode_s", "prefill_steps", "decode_steps", "prefill_tokens", "cached_prompt_tokens",
-          "generated_tokens", "decode_batch_sum")
+FIELDS = (
+    "prefill_s",
+    "decode_s",
+    "prefill_steps",
+    "decode_steps",
+    "prefill_tokens",
+    "cached_prompt_tokens",
+    "generated_tokens",
+    "decode_batch_sum",
+)
 
 
 class StepClock(StatLoggerBase):

@@ -74,6 +74,7 @@ class Completion:
 def _dies_with_core(method):
     """`method`, except that a failure that finds vLLM's engine core dead ends this process
     (Engine._exit_for_restart) instead of answering: Ray restarts the engine."""
+
     @functools.wraps(method)
     async def wrapper(self, *args, **kwargs):
         try:
@@ -88,9 +89,18 @@ def _dies_with_core(method):
 class Engine:
     """Owns one vLLM AsyncLLM. All methods are async: Ray runs it as an async actor."""
 
-    def __init__(self, model_path: str, cfg: EngineConfig, pool: str = "main",
-                 dtype: str = "float32", max_model_len: int = 2048, seed: int = 0,
-                 stores: dict | None = None, index: int = 0, adapters: dict[str, LoraConfig] | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        cfg: EngineConfig,
+        pool: str = "main",
+        dtype: str = "float32",
+        max_model_len: int = 2048,
+        seed: int = 0,
+        stores: dict | None = None,
+        index: int = 0,
+        adapters: dict[str, LoraConfig] | None = None,
+    ):
         """`pool`: the engine pool's name (its policies joined by "+" when it serves adapters);
         `stores`: policy -> its WeightStore actor, for each policy whose weights this engine takes
         pushes of (none: always the weights in `model_path`); `index`: this engine's place in the
@@ -124,9 +134,11 @@ class Engine:
             self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self.vocab_size = self._llm.model_config.get_vocab_size()
         self.start_s = time.perf_counter() - t0
-        log.info(f"[engine] pool {pool!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
-                 f"(vLLM imported in {t0 - since:.1f} s, core on a {core_kind(cfg)}: weights and KV cache "
-                 f"{self.start_s:.1f} s)")
+        log.info(
+            f"[engine] pool {pool!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
+            f"(vLLM imported in {t0 - since:.1f} s, core on a {core_kind(cfg)}: weights and KV cache "
+            f"{self.start_s:.1f} s)"
+        )
         self._active = 0  # requests in flight
         self._finished = 0  # requests answered (the watchdog's sign of progress)
         self._busy_s = 0.0  # seconds with at least one request in flight
@@ -143,8 +155,10 @@ class Engine:
         can never serve again, so it exits with an error and Ray restarts it (engine.max_restarts).
         os._exit, not ray.actor.exit_actor: Ray does not restart an actor that exits on purpose."""
         if self._llm.errored and not self._shut_down:
-            log.error(f"[engine] pool {self.pool!r} engine {self._index}: vLLM's engine core died; exiting so Ray "
-                      f"restarts this engine")
+            log.error(
+                f"[engine] pool {self.pool!r} engine {self._index}: vLLM's engine core died; exiting so Ray "
+                f"restarts this engine"
+            )
             os._exit(1)
 
     async def _current(self) -> None:
@@ -169,29 +183,38 @@ class Engine:
 
     # ------------------------------------------------------------ generation
     @_dies_with_core
-    async def generate(self, prompt_ids: list[int], sampling: SamplingConfig,
-                       seed: int | None = None, policy: str | None = None) -> list[Completion]:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingConfig, seed: int | None = None, policy: str | None = None
+    ) -> list[Completion]:
         """Sample `sampling.n` completions of `prompt_ids` with `policy`'s weights (an adapter
         policy's adapter; else the base); each carries its behaviour log-probs."""
         await self._current()
         if len(prompt_ids) + sampling.max_tokens > self._llm.model_config.max_model_len:
             raise ValueError(
                 f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds "
-                f"model.max_model_len {self._llm.model_config.max_model_len}")
+                f"model.max_model_len {self._llm.model_config.max_model_len}"
+            )
         version, lora = self._serving(policy)
         final = None
         with self._in_flight():
-            async for out in self._llm.generate({"prompt_token_ids": list(prompt_ids)},
-                                                sampling_params(sampling, seed), uuid.uuid4().hex,
-                                                lora_request=lora):
+            async for out in self._llm.generate(
+                {"prompt_token_ids": list(prompt_ids)},
+                sampling_params(sampling, seed),
+                uuid.uuid4().hex,
+                lora_request=lora,
+            ):
                 final = out
         self._finished += final is not None
         assert final is not None, "vLLM returned no output"
-        return [Completion(
-            completion_ids=list(o.token_ids),
-            logprobs=[lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs)],
-            finish_reason=o.finish_reason or "abort",
-            version=version) for o in final.outputs]
+        return [
+            Completion(
+                completion_ids=list(o.token_ids),
+                logprobs=[lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs)],
+                finish_reason=o.finish_reason or "abort",
+                version=version,
+            )
+            for o in final.outputs
+        ]
 
     @contextlib.contextmanager
     def _in_flight(self):
@@ -215,20 +238,21 @@ class Engine:
         return self.version, None
 
     @_dies_with_core
-    async def score(self, prompt_ids: list[int], completion_ids: list[int],
-                    policy: str | None = None) -> list[float]:
+    async def score(self, prompt_ids: list[int], completion_ids: list[int], policy: str | None = None) -> list[float]:
         """Log-probs `policy`'s current weights give `completion_ids` after `prompt_ids` (no sampling)."""
         await self._current()
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         ids = list(prompt_ids) + list(completion_ids)
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            max_tokens=1, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
+        )
         final = None
         with self._in_flight():
-            async for out in self._llm.generate({"prompt_token_ids": ids}, params, uuid.uuid4().hex,
-                                                lora_request=self._serving(policy)[1]):
+            async for out in self._llm.generate(
+                {"prompt_token_ids": ids}, params, uuid.uuid4().hex, lora_request=self._serving(policy)[1]
+            ):
                 final = out
         plp = final.prompt_logprobs  # one dict per prompt position; None at position 0
         return [plp[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
@@ -246,8 +270,11 @@ class Engine:
         await self._current()
         t0 = time.perf_counter()
         loaded = await self._load(version, buckets, policy)
-        return {"seconds": time.perf_counter() - t0, "tensors": float(loaded),
-                "bytes": float(sum(len(b) for b in buckets))}
+        return {
+            "seconds": time.perf_counter() - t0,
+            "tensors": float(loaded),
+            "bytes": float(sum(len(b) for b in buckets)),
+        }
 
     async def _load(self, version: int, buckets: list[bytes], policy: str | None = None) -> int:
         from rollout.engine.worker_ext import WeightSyncExtension
@@ -301,8 +328,9 @@ class Engine:
 
         await self._current()
         # pickled here: vLLM's RPC would turn the plan into a dict and cannot carry a CUDA IPC handle's types
-        return await self._llm.collective_rpc(WeightSyncExtension.tracerl_open_weight_group.__name__,
-                                              args=(pickle.dumps(plan), first_member, timeout_s))
+        return await self._llm.collective_rpc(
+            WeightSyncExtension.tracerl_open_weight_group.__name__, args=(pickle.dumps(plan), first_member, timeout_s)
+        )
 
     @_dies_with_core
     async def receive_weights(self, version: int, layout: list) -> dict[str, float]:
@@ -312,8 +340,9 @@ class Engine:
 
         await self._current()
         t0 = time.perf_counter()
-        loaded, receive_s = await self._swap_base(version, WeightSyncExtension.tracerl_receive_weights.__name__,
-                                                  version, layout)
+        loaded, receive_s = await self._swap_base(
+            version, WeightSyncExtension.tracerl_receive_weights.__name__, version, layout
+        )
         return {"seconds": time.perf_counter() - t0, "receive_seconds": receive_s, "tensors": float(loaded)}
 
     async def _load_adapter(self, policy: str, version: int, buckets: list[bytes]) -> int:
@@ -362,14 +391,22 @@ class Engine:
         await self._current()
 
         busy = self._busy_s + (time.perf_counter() - self._busy_since if self._active else 0.0)
-        return {"pool": self.pool, "version": self.version, "adapter_versions": dict(self.adapter_versions),
-                "vocab_size": self.vocab_size,
-                "start_s": self.start_s, "max_model_len": self._llm.model_config.max_model_len,
-                "busy_s": busy, "steps": self._clock.totals(), "active": self._active, "finished": self._finished,
-                "pid": os.getpid(),
-                "loading_s": None if self._loading_since is None else time.monotonic() - self._loading_since,
-                "loads_waiting": self._loads_waiting,
-                "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
+        return {
+            "pool": self.pool,
+            "version": self.version,
+            "adapter_versions": dict(self.adapter_versions),
+            "vocab_size": self.vocab_size,
+            "start_s": self.start_s,
+            "max_model_len": self._llm.model_config.max_model_len,
+            "busy_s": busy,
+            "steps": self._clock.totals(),
+            "active": self._active,
+            "finished": self._finished,
+            "pid": os.getpid(),
+            "loading_s": None if self._loading_since is None else time.monotonic() - self._loading_since,
+            "loads_waiting": self._loads_waiting,
+            "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
+        }
 
     async def shutdown(self) -> None:
         self._shut_down = True

@@ -48,11 +48,12 @@ def bgmv_shrink(inputs, lora_a_weights, output_tensor, lora_indices_tensor, scal
             out[rows] = scaling * (x[rows] @ a.T)
 
 
-def _expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, offset: int, size: int,
-            add_inputs: bool) -> None:
+def _expand(
+    inputs, lora_b_weights, output_tensor, lora_indices_tensor, offset: int, size: int, add_inputs: bool
+) -> None:
     """output[t, offset:offset+size] (+)= inputs[t] @ B[slot(t)].T[:, :size]."""
     x = inputs.to(output_tensor.dtype)
-    out = output_tensor[:, offset:offset + size]
+    out = output_tensor[:, offset : offset + size]
     if not add_inputs:
         out.zero_()
     for slot, rows in _groups(lora_indices_tensor):
@@ -70,8 +71,15 @@ def bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_
     _expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, 0, size, add_inputs)
 
 
-def bgmv_expand_slice(inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset: int,
-                      slice_size: int, add_inputs: bool = True):
+def bgmv_expand_slice(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    lora_indices_tensor,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = True,
+):
     _expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs)
 
 
@@ -79,22 +87,59 @@ def _per_token(lora_indices_tensor: torch.Tensor, seq_len_tensor: torch.Tensor) 
     return torch.repeat_interleave(lora_indices_tensor, seq_len_tensor)
 
 
-def sgmv_shrink(inputs, lora_a_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                batches, max_seq_length, token_nums, scaling: float):
+def sgmv_shrink(
+    inputs,
+    lora_a_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    scaling: float,
+):
     bgmv_shrink(inputs, lora_a_weights, output_tensor, _per_token(lora_indices_tensor, seq_len_tensor), scaling)
 
 
-def sgmv_expand(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor, lora_indices_tensor,
-                batches, max_seq_length, token_nums, add_inputs: bool = False):
-    bgmv_expand(inputs, lora_b_weights, output_tensor, _per_token(lora_indices_tensor, seq_len_tensor),
-                add_inputs)
+def sgmv_expand(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    add_inputs: bool = False,
+):
+    bgmv_expand(inputs, lora_b_weights, output_tensor, _per_token(lora_indices_tensor, seq_len_tensor), add_inputs)
 
 
-def sgmv_expand_slice(inputs, lora_b_weights, output_tensor, b_seq_start_loc, seq_len_tensor,
-                      lora_indices_tensor, batches, max_seq_length, token_nums, slice_offset: int,
-                      slice_size: int, add_inputs: bool = False):
-    bgmv_expand_slice(inputs, lora_b_weights, output_tensor, _per_token(lora_indices_tensor, seq_len_tensor),
-                      slice_offset, slice_size, add_inputs)
+def sgmv_expand_slice(
+    inputs,
+    lora_b_weights,
+    output_tensor,
+    b_seq_start_loc,
+    seq_len_tensor,
+    lora_indices_tensor,
+    batches,
+    max_seq_length,
+    token_nums,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = False,
+):
+    bgmv_expand_slice(
+        inputs,
+        lora_b_weights,
+        output_tensor,
+        _per_token(lora_indices_tensor, seq_len_tensor),
+        slice_offset,
+        slice_size,
+        add_inputs,
+    )
 
 
 OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")

@@ -63,8 +63,9 @@ class ThreadedLLM:
         started: concurrent.futures.Future = concurrent.futures.Future()
         # The engine is built on its own thread: vLLM's CPU worker binds the OpenMP threads of the
         # thread that builds it, and the steps must run on that thread.
-        self._thread = threading.Thread(target=self._run, args=(engine_args, stat_loggers, started),
-                                        name="vllm-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(engine_args, stat_loggers, started), name="vllm-engine", daemon=True
+        )
         self._thread.start()
         try:
             self._engine = started.result(timeout=start_timeout_s)
@@ -166,8 +167,9 @@ class ThreadedLLM:
             return
         self._requests[request.request_id] = request
         try:
-            self._engine.add_request(request.request_id, request.prompt, request.params,
-                                     lora_request=request.lora_request)
+            self._engine.add_request(
+                request.request_id, request.prompt, request.params, lora_request=request.lora_request
+            )
         except Exception as e:  # noqa: BLE001 - a request vLLM refuses fails alone
             self._requests.pop(request.request_id)
             request.answer.set_exception(e)
@@ -241,5 +243,10 @@ def _build(engine_args, stat_loggers):
     vllm_config = engine_args.create_engine_config(UsageContext.ENGINE_CONTEXT)
     # log_stats on when someone listens (as AsyncLLM does with custom loggers); vLLM's own
     # periodic stats logger only logs at INFO, below the level the Engine sets.
-    return LLMEngine(vllm_config, Executor.get_class(vllm_config), log_stats=bool(stat_loggers),
-                     stat_loggers=stat_loggers, multiprocess_mode=False)
+    return LLMEngine(
+        vllm_config,
+        Executor.get_class(vllm_config),
+        log_stats=bool(stat_loggers),
+        stat_loggers=stat_loggers,
+        multiprocess_mode=False,
+    )

@@ -46,7 +46,7 @@ class TraceBuffer:
             trace.check_vocab(self.vocab_sizes)
         except (TraceError, TypeError) as e:
             self.counts["rejected"] += 1
-            self.errors = (self.errors + [str(e)])[-self._max_errors_kept:]
+            self.errors = (self.errors + [str(e)])[-self._max_errors_kept :]
             return str(e)
         self.counts["received"] += 1
         self.counts[f"status_{trace.status}"] += 1
@@ -72,8 +72,9 @@ class TraceBuffer:
         """
         async with self._cond:
             try:
-                await asyncio.wait_for(self._cond.wait_for(
-                    lambda: len(self._ready) >= num_groups or call <= self._interrupted), timeout_s)
+                await asyncio.wait_for(
+                    self._cond.wait_for(lambda: len(self._ready) >= num_groups or call <= self._interrupted), timeout_s
+                )
             except TimeoutError:
                 pass
             taken, self._ready = self._ready[:num_groups], self._ready[num_groups:]
@@ -94,5 +95,9 @@ class TraceBuffer:
             self._cond.notify_all()
 
     async def stats(self) -> dict[str, Any]:
-        return {**self.counts, "groups_waiting": len(self._ready),
-                "groups_partial": len(self._partial), "last_errors": list(self.errors[-3:])}
+        return {
+            **self.counts,
+            "groups_waiting": len(self._ready),
+            "groups_partial": len(self._partial),
+            "last_errors": list(self.errors[-3:]),
+        }

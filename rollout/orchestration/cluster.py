@@ -41,8 +41,9 @@ def start_ray(cfg: RayConfig, cpus_asked: float = 0.0, asks: list[Ask] = ()) -> 
     if cfg.address == "local":
         kwargs.update(num_cpus=local_cpus(cfg, cpus_asked), num_gpus=visible_gpus(cfg.num_gpus))
     ray.init(address=cfg.address, **kwargs)
-    check_gpu_count(list(asks), int(ray.cluster_resources().get("GPU", 0)),
-                    f"the Ray cluster (ray.address={cfg.address})")
+    check_gpu_count(
+        list(asks), int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster (ray.address={cfg.address})"
+    )
 
 
 def local_cpus(cfg: RayConfig, cpus_asked: float) -> int:
@@ -79,14 +80,19 @@ def await_started(actors: list, ready: list, timeout_s: float, what: str, resour
         for actor in actors:
             ray.kill(actor)
         if isinstance(e, ray.exceptions.GetTimeoutError):
-            raise TimeoutError(f"{what} did not start within {timeout_s}s: each asks for {resources}; "
-                               f"free in the cluster: {ray.available_resources()}") from None
+            raise TimeoutError(
+                f"{what} did not start within {timeout_s}s: each asks for {resources}; "
+                f"free in the cluster: {ray.available_resources()}"
+            ) from None
         raise
 
 
-def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed: int = 0,
-                  stores: dict | None = None,
-                  adapters: dict[str, dict[str, LoraConfig]] | None = None) -> dict[str, list]:
+def spawn_engines(
+    pools: dict[str, tuple[str, ModelConfig, EngineConfig]],
+    seed: int = 0,
+    stores: dict | None = None,
+    adapters: dict[str, dict[str, LoraConfig]] | None = None,
+) -> dict[str, list]:
     """Start every pool's engines at once — `pool: (model folder, model, engine settings)`,
     `num_engines` Engine actors each, with that pool's Ray resources — and wait until all are up.
     `stores`: pool -> {policy: WeightStore} of the policies it takes weight pushes of (see
@@ -96,15 +102,32 @@ def spawn_engines(pools: dict[str, tuple[str, ModelConfig, EngineConfig]], seed:
     for pool, (model_path, model, cfg) in pools.items():
         cls = ray.remote(**actor_options(cfg))(Engine)
         restarts = cfg.max_restarts if stores.get(pool) else 0
-        engines[pool] = [cls.options(max_concurrency=1000, max_restarts=restarts,
-                                     name=f"tracerl-engine-{pool}-{i}-{uuid.uuid4().hex[:8]}").remote(
-            model_path, cfg, pool=pool, dtype=model.dtype, max_model_len=model.max_model_len, seed=seed + i,
-            stores=stores.get(pool), index=i, adapters=adapters.get(pool)) for i in range(cfg.num_engines)]
+        engines[pool] = [
+            cls.options(
+                max_concurrency=1000, max_restarts=restarts, name=f"tracerl-engine-{pool}-{i}-{uuid.uuid4().hex[:8]}"
+            ).remote(
+                model_path,
+                cfg,
+                pool=pool,
+                dtype=model.dtype,
+                max_model_len=model.max_model_len,
+                seed=seed + i,
+                stores=stores.get(pool),
+                index=i,
+                adapters=adapters.get(pool),
+            )
+            for i in range(cfg.num_engines)
+        ]
         asks[pool] = actor_options(cfg)
     # Surface a failed start (bad model, too little memory, no room to place it) here.
     everyone = [e for pool in engines.values() for e in pool]
-    await_started(everyone, [e.info.remote() for e in everyone], max(c.start_timeout_s for *_, c in pools.values()),
-                  f"engines of {sorted(pools)} (engine.start_timeout_s)", asks)
+    await_started(
+        everyone,
+        [e.info.remote() for e in everyone],
+        max(c.start_timeout_s for *_, c in pools.values()),
+        f"engines of {sorted(pools)} (engine.start_timeout_s)",
+        asks,
+    )
     return engines
 
 
@@ -127,14 +150,19 @@ def spawn_buffer(group_size: int, vocab_sizes: dict[str, int]):
     return ray.remote(num_cpus=0)(TraceBuffer).options(**on_driver_node()).remote(group_size, vocab_sizes)
 
 
-def spawn_workers(cfg: RolloutJobConfig, engines: dict[str, list], model_paths: dict[str, str], buffer,
-                  start_timeout_s: float = 300.0) -> list:
+def spawn_workers(
+    cfg: RolloutJobConfig, engines: dict[str, list], model_paths: dict[str, str], buffer, start_timeout_s: float = 300.0
+) -> list:
     """Start `cfg.rollout.num_workers` RolloutWorker actors sharing the engines and the buffer,
     and wait until they are up (a harness or task source that fails to load fails here)."""
     cls = ray.remote(num_cpus=0)(RolloutWorker)
-    workers = [cls.options(max_concurrency=1000, max_restarts=cfg.rollout.max_worker_restarts,
-                           name=f"tracerl-worker-{i}-{uuid.uuid4().hex[:8]}").remote(i, cfg, engines, model_paths,
-                                                                                     buffer)
-               for i in range(cfg.rollout.num_workers)]
+    workers = [
+        cls.options(
+            max_concurrency=1000,
+            max_restarts=cfg.rollout.max_worker_restarts,
+            name=f"tracerl-worker-{i}-{uuid.uuid4().hex[:8]}",
+        ).remote(i, cfg, engines, model_paths, buffer)
+        for i in range(cfg.rollout.num_workers)
+    ]
     await_started(workers, [w.stats.remote() for w in workers], start_timeout_s, "rollout workers", {"num_cpus": 0})
     return workers

@@ -18,15 +18,19 @@ def named_actors() -> set[str]:
     return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
 
 
-def actor_process(prefix: str, method: str, before: set[str], timeout_s: float = 300,
-                  busy_s: float = 0.0) -> psutil.Process:
+def actor_process(
+    prefix: str, method: str, before: set[str], timeout_s: float = 300, busy_s: float = 0.0
+) -> psutil.Process:
     """The process of the actor named `prefix`<id> (engines are tracerl-engine-<policy>-<i>-<id>,
     workers tracerl-worker-<i>-<id>) that is not one of `before` (the session's shared engine is
     named so too), from its `method`'s answer {"pid": ...}; waits while Ray restarts the actor.
     `busy_s`: for up to that long, until the answer shows requests in flight (an engine's
     "active"), so that a fault cuts some short whatever the engine's speed."""
-    [actor] = [a for a in ray.util.list_named_actors(all_namespaces=True)
-               if a["name"].startswith(prefix) and a["name"] not in before]
+    [actor] = [
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(prefix) and a["name"] not in before
+    ]
     handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
     deadline, busy_deadline = time.monotonic() + timeout_s, time.monotonic() + busy_s
     while True:
@@ -50,8 +54,9 @@ def wait_for_step(run_dir: Path, step: int, timeout_s: float = 600, process=None
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"the run ended (exit {process.returncode}) before step {step}")
         path = run_dir / "metrics.jsonl"
-        if path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines()
-                                 if '"rollout/reward"' in line):
+        if path.exists() and any(
+            json.loads(line)["step"] >= step for line in path.read_text().splitlines() if '"rollout/reward"' in line
+        ):
             return
         time.sleep(0.2)
     raise TimeoutError(f"step {step} never came")

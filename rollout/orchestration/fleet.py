@@ -60,9 +60,12 @@ class RolloutFleet:
             self.pool_members = pools = cfg.engine_pools()  # pool -> its policies
             self.pools = spawn_engines(
                 {name: (self.model_paths[ps[0]], models[ps[0]], cfg.pool_engine(ps)) for name, ps in pools.items()},
-                seed=cfg.seed, stores={name: {p: self.stores[p] for p in ps} for name, ps in pools.items()},
-                adapters={name: {p: cfg.policy_lora(p) for p in ps if cfg.policy_lora(p)}
-                          for name, ps in pools.items()})
+                seed=cfg.seed,
+                stores={name: {p: self.stores[p] for p in ps} for name, ps in pools.items()},
+                adapters={
+                    name: {p: cfg.policy_lora(p) for p in ps if cfg.policy_lora(p)} for name, ps in pools.items()
+                },
+            )
             self.engines = {p: self.pools[name] for name, ps in pools.items() for p in ps}
             infos = ray.get([pool[0].info.remote() for pool in self.engines.values()], timeout=60)
             self.vocab_sizes = {p: info["vocab_size"] for p, info in zip(self.engines, infos)}
@@ -101,8 +104,7 @@ class RolloutFleet:
         deadline = time.monotonic() + timeout_s
         ready = False
         while self._inflight:
-            done, _ = ray.wait([get, *self._inflight], num_returns=1,
-                               timeout=max(0.0, deadline - time.monotonic()))
+            done, _ = ray.wait([get, *self._inflight], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done or get in done:
                 ready = bool(done)
                 break
@@ -134,28 +136,38 @@ class RolloutFleet:
         """Wait until Ray has restarted dead rollout worker `worker`; RuntimeError if it does not come back."""
         limit = self.cfg.rollout.worker_restart_timeout_s
         if not wait_until_restarted(self.workers[worker], "stats", limit):
-            raise RuntimeError(f"rollout worker {worker} failed: it died and Ray did not restart it within "
-                               f"rollout.worker_restart_timeout_s={limit} (killed for good, or past "
-                               f"rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): "
-                               f"{error}") from error
+            raise RuntimeError(
+                f"rollout worker {worker} failed: it died and Ray did not restart it within "
+                f"rollout.worker_restart_timeout_s={limit} (killed for good, or past "
+                f"rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): "
+                f"{error}"
+            ) from error
         self.worker_restarts += 1
         log.warning(f"[rollout] worker {worker} died ({type(error).__name__}); {then}")
 
     def _short(self, why: str, groups: list, num_groups: int) -> str:
-        return (f"rollout: {why} with {len(groups)}/{num_groups} complete groups; buffer: "
-                f"{ray.get(self.buffer.stats.remote(), timeout=60)}")
+        return (
+            f"rollout: {why} with {len(groups)}/{num_groups} complete groups; buffer: "
+            f"{ray.get(self.buffer.stats.remote(), timeout=60)}"
+        )
 
     # ---------------------------------------------------------------- evaluation
-    def evaluate(self, size: int, sampling: SamplingConfig, timeout_s: float, samples: int = 1,
-                 progress: Callable[[int], None] | None = None, progress_s: float = 10.0) -> list[Trace]:
+    def evaluate(
+        self,
+        size: int,
+        sampling: SamplingConfig,
+        timeout_s: float,
+        samples: int = 1,
+        progress: Callable[[int], None] | None = None,
+        progress_s: float = 10.0,
+    ) -> list[Trace]:
         """`samples` harness runs on each of the first `size` held-out tasks with `sampling` (not
         buffered, not trained on); traces in task order, a task's samples together. A worker that
         dies meanwhile is waited for (Ray restarts it) and runs its share again. `progress`, if
         given, hears how many runs have finished, every `progress_s` seconds until all have."""
         n = len(self.workers)
         shares = {i: list(range(i, size, n)) for i in range(n)}
-        pending = {w.evaluate.remote(shares[i], sampling, samples): i
-                   for i, w in enumerate(self.workers) if shares[i]}
+        pending = {w.evaluate.remote(shares[i], sampling, samples): i for i, w in enumerate(self.workers) if shares[i]}
         deadline = time.monotonic() + timeout_s
         traces: list = [None] * (size * samples)
         start = self._episodes_run() if progress else 0
@@ -168,8 +180,7 @@ class RolloutFleet:
             if not done:
                 for ref in pending:
                     ray.cancel(ref)
-                raise TimeoutError(f"evaluation of {size} held-out tasks took longer than "
-                                   f"eval.timeout_s={timeout_s}")
+                raise TimeoutError(f"evaluation of {size} held-out tasks took longer than eval.timeout_s={timeout_s}")
             i = pending.pop(done[0])
             try:
                 part = ray.get(done[0])
@@ -191,8 +202,11 @@ class RolloutFleet:
     def engine_infos(self) -> list[dict]:
         """Every engine's `info()`; one that Ray is restarting (the watchdog's kill, a crash) is
         waited for, up to its pool's engine.start_timeout_s; one dead for good is left out."""
-        asked = [(engine, engine.info.remote(), self.cfg.policy_engine(self.pool_members[pool][0]).start_timeout_s)
-                 for pool, engines in self.pools.items() for engine in engines]  # all at once
+        asked = [
+            (engine, engine.info.remote(), self.cfg.policy_engine(self.pool_members[pool][0]).start_timeout_s)
+            for pool, engines in self.pools.items()
+            for engine in engines
+        ]  # all at once
         infos = []
         for engine, ref, limit in asked:
             try:
@@ -240,15 +254,26 @@ class RolloutFleet:
             return
         verdict = probe_engine(engine, cfg.health_timeout_s, cfg.sync_timeout_s)
         if verdict in ("busy", "loading"):
-            why = ("it finished requests meanwhile" if verdict == "busy" else
-                   f"it is loading weights (within engine.sync_timeout_s={cfg.sync_timeout_s})")
-            log.info(f"[rollout] engine {index} of {pool!r}: a health probe waited over engine.health_timeout_s="
-                     f"{cfg.health_timeout_s}, but {why}: {verdict}, not hung")
+            why = (
+                "it finished requests meanwhile"
+                if verdict == "busy"
+                else f"it is loading weights (within engine.sync_timeout_s={cfg.sync_timeout_s})"
+            )
+            log.info(
+                f"[rollout] engine {index} of {pool!r}: a health probe waited over engine.health_timeout_s="
+                f"{cfg.health_timeout_s}, but {why}: {verdict}, not hung"
+            )
         if verdict not in ("hung", "broken"):
             return
-        log.warning(f"[rollout] engine {index} of {pool!r} " + (
-            f"did not answer a health probe within engine.health_timeout_s={cfg.health_timeout_s}"
-            if verdict == "hung" else "answered a health probe with an error") + ": restarting it")
+        log.warning(
+            f"[rollout] engine {index} of {pool!r} "
+            + (
+                f"did not answer a health probe within engine.health_timeout_s={cfg.health_timeout_s}"
+                if verdict == "hung"
+                else "answered a health probe with an error"
+            )
+            + ": restarting it"
+        )
         self.hung_restarts += 1
         ray.kill(engine, no_restart=False)
         time.sleep(1.0)  # let Ray see it die before asking for it
@@ -260,8 +285,12 @@ class RolloutFleet:
         self._stop_watch.set()
         if self._watchdog is not None:
             self._watchdog.join(timeout=5)
-        for actor in [*self.workers, self.buffer, *(e for pool in self.pools.values() for e in pool),
-                      *self.stores.values()]:
+        for actor in [
+            *self.workers,
+            self.buffer,
+            *(e for pool in self.pools.values() for e in pool),
+            *self.stores.values(),
+        ]:
             if actor is not None:
                 ray.kill(actor)
         self.workers, self.buffer, self.pools, self.engines, self.stores, self._inflight = [], None, {}, {}, {}, {}

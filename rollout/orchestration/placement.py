@@ -18,8 +18,11 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-PRESETS = {"local": "CPU only", "gpu": "one GPU: the engines and one learner rank share it",
-           "gpu_node": "one node of N GPUs: a GPU for each engine and each learner rank"}
+PRESETS = {
+    "local": "CPU only",
+    "gpu": "one GPU: the engines and one learner rank share it",
+    "gpu_node": "one node of N GPUs: a GPU for each engine and each learner rank",
+}
 
 
 @dataclass(frozen=True)
@@ -50,17 +53,27 @@ def _key(section: str, policy: str, overrides: dict, name: str) -> str:
 
 def engine_ask(pool: str, policy: str, overrides: dict, engine) -> Ask:
     """The engines of `pool` (settings `engine`: `policy`'s, with its `overrides` of `engine`)."""
-    return Ask(f"engines of pool {pool!r}", engine.num_engines, actor_options(engine),
-               engine.gpu_memory_utilization if engine.num_gpus > 0 else 0.0,
-               _key("engine", policy, overrides, "num_gpus"),
-               _key("engine", policy, overrides, "gpu_memory_utilization"))
+    return Ask(
+        f"engines of pool {pool!r}",
+        engine.num_engines,
+        actor_options(engine),
+        engine.gpu_memory_utilization if engine.num_gpus > 0 else 0.0,
+        _key("engine", policy, overrides, "num_gpus"),
+        _key("engine", policy, overrides, "gpu_memory_utilization"),
+    )
 
 
 def learner_ask(group: str, policy: str, overrides: dict, learner) -> Ask:
     """The ranks of learner group `group` (settings `learner`: `policy`'s, with its `overrides`)."""
     gpu_key = _key("learner", policy, overrides, "num_gpus")
-    return Ask(f"learner ranks of {group!r}", learner.world_size, actor_options(learner), min(learner.num_gpus, 1.0),
-               gpu_key, gpu_key)
+    return Ask(
+        f"learner ranks of {group!r}",
+        learner.world_size,
+        actor_options(learner),
+        min(learner.num_gpus, 1.0),
+        gpu_key,
+        gpu_key,
+    )
 
 
 def gpus_needed(asks: list[Ask]) -> int:
@@ -79,40 +92,56 @@ def gpus_needed(asks: list[Ask]) -> int:
 
 # ---- checks of one section's settings (validate() runs them per policy) -------------------------
 
+
 def check_engine_gpus(engine, where: str) -> None:
     """An engine's GPU settings are sound on their own; ValueError naming `where`'s keys."""
     g, util, tp = engine.num_gpus, engine.gpu_memory_utilization, engine.tensor_parallel_size
     if not 0 < util < 1:
-        raise ValueError(f"{where}.gpu_memory_utilization={util} must be in (0, 1) (the share of each GPU's memory "
-                         f"the engine takes; cluster=gpu: 0.25, a GPU of its own: 0.85)")
+        raise ValueError(
+            f"{where}.gpu_memory_utilization={util} must be in (0, 1) (the share of each GPU's memory "
+            f"the engine takes; cluster=gpu: 0.25, a GPU of its own: 0.85)"
+        )
     if g < 0 or (g > 1 and g != int(g)):
-        raise ValueError(f"{where}.num_gpus={g} must be 0 (CPU), a fraction of one GPU (engines and the learner "
-                         f"share it: cluster=gpu) or whole GPUs (cluster=gpu_node)")
+        raise ValueError(
+            f"{where}.num_gpus={g} must be 0 (CPU), a fraction of one GPU (engines and the learner "
+            f"share it: cluster=gpu) or whole GPUs (cluster=gpu_node)"
+        )
     if g > 0 and tp > 1 and g != tp:
-        raise ValueError(f"{where}.tensor_parallel_size={tp} needs whole GPUs, one per rank: set "
-                         f"{where}.num_gpus={tp} (cluster=gpu_node), or tensor_parallel_size=1")
+        raise ValueError(
+            f"{where}.tensor_parallel_size={tp} needs whole GPUs, one per rank: set "
+            f"{where}.num_gpus={tp} (cluster=gpu_node), or tensor_parallel_size=1"
+        )
     if g >= 1 and g != tp:
-        raise ValueError(f"{where}.num_gpus={g}: an engine uses one GPU per tensor-parallel rank; set "
-                         f"{where}.num_gpus={tp} or {where}.tensor_parallel_size={round(g)}")
+        raise ValueError(
+            f"{where}.num_gpus={g}: an engine uses one GPU per tensor-parallel rank; set "
+            f"{where}.num_gpus={tp} or {where}.tensor_parallel_size={round(g)}"
+        )
     if 0 < g < 1 and util > g:
-        raise ValueError(f"{where}.gpu_memory_utilization={util} is more than {where}.num_gpus={g}: an engine "
-                         f"sharing a GPU may use at most the share it asks Ray for (Ray packs a GPU by num_gpus); "
-                         f"set {where}.gpu_memory_utilization<={g} (cluster=gpu: 0.25 and 0.25)")
+        raise ValueError(
+            f"{where}.gpu_memory_utilization={util} is more than {where}.num_gpus={g}: an engine "
+            f"sharing a GPU may use at most the share it asks Ray for (Ray packs a GPU by num_gpus); "
+            f"set {where}.gpu_memory_utilization<={g} (cluster=gpu: 0.25 and 0.25)"
+        )
 
 
 def check_learner_gpus(learner, where: str) -> None:
     """A learner group's GPU settings are sound on their own; ValueError naming `where`'s keys."""
     g = learner.num_gpus
     if not 0 <= g <= 1:
-        raise ValueError(f"{where}.num_gpus={g}: a learner rank uses one GPU: 0 (CPU), a fraction (sharing the "
-                         f"GPU with the engines: cluster=gpu) or 1 (cluster=gpu_node)")
+        raise ValueError(
+            f"{where}.num_gpus={g}: a learner rank uses one GPU: 0 (CPU), a fraction (sharing the "
+            f"GPU with the engines: cluster=gpu) or 1 (cluster=gpu_node)"
+        )
     if learner.world_size > 1 and 0 < g < 1:
-        raise ValueError(f"{where}.world_size={learner.world_size} with {where}.num_gpus={g}: DeepSpeed ranks need "
-                         f"a whole GPU each (NCCL refuses two ranks on one device); set {where}.world_size=1 "
-                         f"(cluster=gpu) or {where}.num_gpus=1 (cluster=gpu_node)")
+        raise ValueError(
+            f"{where}.world_size={learner.world_size} with {where}.num_gpus={g}: DeepSpeed ranks need "
+            f"a whole GPU each (NCCL refuses two ranks on one device); set {where}.world_size=1 "
+            f"(cluster=gpu) or {where}.num_gpus=1 (cluster=gpu_node)"
+        )
 
 
 # ---- checks of the whole job against the GPUs there are ------------------------------------------
+
 
 def _listing(asks: list[Ask], value) -> str:
     return "; ".join(f"{a.what}: {a.count} x {value(a)}" for a in asks)
@@ -126,10 +155,12 @@ def check_shared_memory(asks: list[Ask]) -> None:
         return  # they span GPUs; each one's memory is within its num_gpus (check_engine_gpus)
     total = sum(a.memory * a.count for a in shared)
     if total >= 1.0 - 1e-9:
-        raise ValueError(f"the engines and learner ranks sharing one GPU take {total:g} of its memory, which must "
-                         f"add up below 1 ({_listing(shared, lambda a: f'{a.memory_key}={a.memory:g}')}); lower "
-                         f"them (cluster=gpu: 0.25 per engine, 0.4 for one learner rank), or give each its own "
-                         f"GPU (cluster=gpu_node)")
+        raise ValueError(
+            f"the engines and learner ranks sharing one GPU take {total:g} of its memory, which must "
+            f"add up below 1 ({_listing(shared, lambda a: f'{a.memory_key}={a.memory:g}')}); lower "
+            f"them (cluster=gpu: 0.25 per engine, 0.4 for one learner rank), or give each its own "
+            f"GPU (cluster=gpu_node)"
+        )
 
 
 def check_gpu_count(asks: list[Ask], visible: int, source: str) -> None:
@@ -143,14 +174,18 @@ def check_gpu_count(asks: list[Ask], visible: int, source: str) -> None:
     if visible == 0:
         fix = "use cluster=local (CPU), or a machine with GPUs"
     elif visible == 1 and all(a.num_gpus < 1 for a in gpu_asks):
-        fix = (f"they share the GPU only if their num_gpus add up to 1 at most: lower them or ask fewer actors "
-               f"({fewer}); cluster=gpu holds one learner rank and up to two engine pools")
+        fix = (
+            f"they share the GPU only if their num_gpus add up to 1 at most: lower them or ask fewer actors "
+            f"({fewer}); cluster=gpu holds one learner rank and up to two engine pools"
+        )
     elif visible == 1:
         fix = "use cluster=gpu (the engines and one learner rank share the GPU)"
     else:
         fix = f"ask fewer engines or learner ranks ({fewer}), or share GPUs (cluster=gpu)"
-    raise ValueError(f"the job needs {need} GPU(s) ({_listing(gpu_asks, lambda a: f'{a.gpu_key}={a.num_gpus:g}')}"
-                     f") but {source} has {visible}: {fix}")
+    raise ValueError(
+        f"the job needs {need} GPU(s) ({_listing(gpu_asks, lambda a: f'{a.gpu_key}={a.num_gpus:g}')}"
+        f") but {source} has {visible}: {fix}"
+    )
 
 
 def visible_gpus(declared: int | None) -> int:
@@ -165,6 +200,7 @@ def visible_gpus(declared: int | None) -> int:
 
 # ---- the preset for this machine ---------------------------------------------------------------
 
+
 def pick_cluster(args: list[str], gpus: int) -> tuple[list[str], str | None]:
     """The `cluster=` override for a machine with `gpus` GPUs when the command line `args` names no
     cluster preset and joins no Ray cluster (`ray.address`): local (0), gpu (1), gpu_node (more);
@@ -178,8 +214,10 @@ def pick_cluster(args: list[str], gpus: int) -> tuple[list[str], str | None]:
     gpus = int(given["ray.num_gpus"]) if declared else gpus
     preset = "local" if gpus == 0 else "gpu" if gpus == 1 else "gpu_node"
     seen = "from ray.num_gpus" if declared else "seen by torch"
-    return [f"cluster={preset}"], (f"[cluster] cluster={preset}: {PRESETS[preset]} ({gpus} GPU(s), {seen}); "
-                                   f"to choose, add cluster=local|gpu|gpu_node|multinode_gpu")
+    return [f"cluster={preset}"], (
+        f"[cluster] cluster={preset}: {PRESETS[preset]} ({gpus} GPU(s), {seen}); "
+        f"to choose, add cluster=local|gpu|gpu_node|multinode_gpu"
+    )
 
 
 def with_cluster_for_this_machine(argv: list[str]) -> list[str]:

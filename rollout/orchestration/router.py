@@ -47,8 +47,9 @@ class Router:
     def pick(self, key: str):
         return self.engines[self.index(key)]
 
-    async def generate(self, key: str, prompt_ids: list[int], sampling: SamplingConfig,
-                       seed: int | None = None) -> list[Completion]:
+    async def generate(
+        self, key: str, prompt_ids: list[int], sampling: SamplingConfig, seed: int | None = None
+    ) -> list[Completion]:
         """Send one request to the engine `key` (the trace id) is pinned to."""
         index = self.index(key)
         for resend in (False, True):
@@ -63,17 +64,23 @@ class Router:
                 raise
             except TimeoutError:
                 ray.cancel(ref)
-                raise EngineError(f"engine {index} of policy {self.policy!r} did not answer a request "
-                                  f"within engine.request_timeout_s={self.timeout_s}") from None
+                raise EngineError(
+                    f"engine {index} of policy {self.policy!r} did not answer a request "
+                    f"within engine.request_timeout_s={self.timeout_s}"
+                ) from None
             except ray.exceptions.RayActorError as e:
                 if not await self.wait_until_back(index):
-                    raise EngineError(f"engine {index} of policy {self.policy!r} died during a request "
-                                      f"({type(e).__name__}) and was not back within engine.start_timeout_s="
-                                      f"{self.restart_timeout_s}") from None
+                    raise EngineError(
+                        f"engine {index} of policy {self.policy!r} died during a request "
+                        f"({type(e).__name__}) and was not back within engine.start_timeout_s="
+                        f"{self.restart_timeout_s}"
+                    ) from None
                 if resend:
-                    raise EngineError(f"engine {index} of policy {self.policy!r} died during a request, "
-                                      f"and again when it was sent to the restarted engine "
-                                      f"({type(e).__name__})") from None
+                    raise EngineError(
+                        f"engine {index} of policy {self.policy!r} died during a request, "
+                        f"and again when it was sent to the restarted engine "
+                        f"({type(e).__name__})"
+                    ) from None
                 self.resent[key] += 1
         raise AssertionError("unreachable")
 
@@ -83,7 +90,8 @@ class Router:
         wait = self._restarts.get(index)
         if wait is None or wait.done():
             wait = self._restarts[index] = asyncio.ensure_future(
-                asyncio.to_thread(wait_until_restarted, self.engines[index], "info", self.restart_timeout_s))
+                asyncio.to_thread(wait_until_restarted, self.engines[index], "info", self.restart_timeout_s)
+            )
         return await asyncio.shield(wait)
 
 

@@ -31,8 +31,9 @@ def _describe(e: BaseException) -> str:
 
 
 class RolloutWorker:
-    def __init__(self, worker_id: int, cfg: RolloutJobConfig, engines: dict[str, list],
-                 model_paths: dict[str, str], buffer):
+    def __init__(
+        self, worker_id: int, cfg: RolloutJobConfig, engines: dict[str, list], model_paths: dict[str, str], buffer
+    ):
         """`engines` (Engine actor handles) and `model_paths` (tokenizers) are keyed by policy;
         `cfg.agents` maps role -> policy."""
         setup_logging()  # this actor's process (harnesses log too)
@@ -42,8 +43,10 @@ class RolloutWorker:
         self.tasks = make_task_source(cfg.task, seed=cfg.seed)
         self.agents = dict(cfg.agents)
         self.trainable = {p: spec.trainable for p, spec in cfg.policy_table().items()}
-        self.routers = {p: Router(e, p, cfg.policy_engine(p).request_timeout_s, cfg.policy_engine(p).start_timeout_s)
-                        for p, e in engines.items()}
+        self.routers = {
+            p: Router(e, p, cfg.policy_engine(p).request_timeout_s, cfg.policy_engine(p).start_timeout_s)
+            for p, e in engines.items()
+        }
         self.formats = {p: ChatFormat.from_pretrained(path) for p, path in model_paths.items()}
         self.max_model_len = {p: cfg.policy_model(p).max_model_len for p in self.routers}  # the gateway's clamp
         unknown = {p for p in self.agents.values()} - set(self.routers)
@@ -78,14 +81,26 @@ class RolloutWorker:
         self.generated_tokens += trace.num_generated_tokens
         return trace
 
-    async def attempt(self, task, group: str, sample: int,
-                      sampling: SamplingConfig | None = None) -> tuple[Trace, bool]:
+    async def attempt(
+        self, task, group: str, sample: int, sampling: SamplingConfig | None = None
+    ) -> tuple[Trace, bool]:
         """One run of the harness on `task`: the trace, and whether an engine failure ended it."""
         recorder = TraceRecorder(f"{group}#{sample}")
-        agents = {role: Agent(role, policy, self.routers[policy], self.formats[policy], recorder,
-                              sampling or self.sampling, seed=self.seed, trainable=self.trainable[policy],
-                              max_model_len=self.max_model_len[policy], gateway=Gateway.shared)
-                  for role, policy in self.agents.items()}
+        agents = {
+            role: Agent(
+                role,
+                policy,
+                self.routers[policy],
+                self.formats[policy],
+                recorder,
+                sampling or self.sampling,
+                seed=self.seed,
+                trainable=self.trainable[policy],
+                max_model_len=self.max_model_len[policy],
+                gateway=Gateway.shared,
+            )
+            for role, policy in self.agents.items()
+        }
         start = time.time()
         status, error, result, engine_failed = "ok", None, None, False
         deadline = asyncio.timeout(self.cfg.timeout_s)
@@ -94,8 +109,14 @@ class RolloutWorker:
                 async with deadline:  # a judge's scores (harnesses/judge.py) are awaited within it
                     result = as_result(await scoring.settle(await self.harness(task, agents, **self.harness_options)))
         except TimeoutError as e:  # the run's deadline, or a timeout the harness itself raised
-            status, error = "failed", (f"timeout: harness ran past rollout.timeout_s={self.cfg.timeout_s}"
-                                       if deadline.expired() else _describe(e))
+            status, error = (
+                "failed",
+                (
+                    f"timeout: harness ran past rollout.timeout_s={self.cfg.timeout_s}"
+                    if deadline.expired()
+                    else _describe(e)
+                ),
+            )
         except EngineError as e:
             status, error, engine_failed = "failed", _describe(e), True
         except Exception as e:  # a harness bug must not take the worker down
@@ -104,20 +125,34 @@ class RolloutWorker:
         if status == "ok" and any(s.finish_reason == "length" for s in recorder.sequences):
             status = "truncated"
         end = time.time()
-        fields = dict(id=recorder.trace_id, group=group, sequences=recorder.sequences,
-                      reward=result.reward if result else 0.0,
-                      agent_rewards=result.agent_rewards if result else None,
-                      status=status, error=error,
-                      info={**(result.info if result else {}), **self._task_info(task),
-                            **({"requests_resent": resent} if resent else {}),
-                            **({"scoring": notes[-5:]} if notes else {})},
-                      timings={"start": start, "end": end, "duration_s": end - start})
+        fields = dict(
+            id=recorder.trace_id,
+            group=group,
+            sequences=recorder.sequences,
+            reward=result.reward if result else 0.0,
+            agent_rewards=result.agent_rewards if result else None,
+            status=status,
+            error=error,
+            info={
+                **(result.info if result else {}),
+                **self._task_info(task),
+                **({"requests_resent": resent} if resent else {}),
+                **({"scoring": notes[-5:]} if notes else {}),
+            },
+            timings={"start": start, "end": end, "duration_s": end - start},
+        )
         try:
             trace = Trace(**fields)
         except TraceError as e:  # e.g. agent_rewards naming a role that never spoke
-            trace = Trace(**{**fields, "status": "failed", "error": f"bad harness result: {e}",
-                             "agent_rewards": None,
-                             "info": self._task_info(task)})
+            trace = Trace(
+                **{
+                    **fields,
+                    "status": "failed",
+                    "error": f"bad harness result: {e}",
+                    "agent_rewards": None,
+                    "info": self._task_info(task),
+                }
+            )
         return trace, engine_failed
 
     def _task_info(self, task) -> dict[str, Any]:
@@ -141,9 +176,16 @@ class RolloutWorker:
             rejected = await self.buffer.offer.remote(trace)
             if rejected is not None:  # its group still completes: with a failed trace in its place
                 self.counts["traces_rejected"] += 1
-                await self.buffer.put.remote(Trace(
-                    id=trace.id, group=trace.group, sequences=[], status="failed",
-                    error=f"rejected by the trace buffer: {rejected}"[:2000], info=self._task_info(task)))
+                await self.buffer.put.remote(
+                    Trace(
+                        id=trace.id,
+                        group=trace.group,
+                        sequences=[],
+                        status="failed",
+                        error=f"rejected by the trace buffer: {rejected}"[:2000],
+                        info=self._task_info(task),
+                    )
+                )
 
         jobs = [one(task, k) for task in tasks for k in range(self.cfg.group_size)]
         await asyncio.gather(*jobs)
@@ -164,5 +206,4 @@ class RolloutWorker:
     async def stats(self) -> dict[str, Any]:
         import os
 
-        return {"worker": self.worker_id, **self.counts, "generated_tokens": self.generated_tokens,
-                "pid": os.getpid()}
+        return {"worker": self.worker_id, **self.counts, "generated_tokens": self.generated_tokens, "pid": os.getpid()}

@@ -29,15 +29,22 @@ class WeightGroup:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.transport = "send" if member == 0 else plan.transports[member - 1]
         self.ipc_members = [m + 1 for m, t in enumerate(plan.transports) if t == "ipc"]
-        store = dist.TCPStore(plan.host, plan.port, 1 + len(plan.transports), is_master=member == 0,
-                              timeout=datetime.timedelta(seconds=OPEN_TIMEOUT_S), wait_for_workers=True,
-                              use_libuv=True)
+        store = dist.TCPStore(
+            plan.host,
+            plan.port,
+            1 + len(plan.transports),
+            is_master=member == 0,
+            timeout=datetime.timedelta(seconds=OPEN_TIMEOUT_S),
+            wait_for_workers=True,
+            use_libuv=True,
+        )
         self.store, self.signals = store, dist.PrefixStore("tracerl-ipc", store)
         self.group = None
         rank = plan.pg_rank(member)
         if rank is not None and plan.pg_world > 1:
-            self.group = _process_group(dist.PrefixStore("tracerl-weights", store), rank, plan.pg_world,
-                                        plan.backend, self.timeout)
+            self.group = _process_group(
+                dist.PrefixStore("tracerl-weights", store), rank, plan.pg_world, plan.backend, self.timeout
+            )
         store.set_timeout(self.timeout)
         if member == 0:
             self.buffers = list(buffers or [])
@@ -70,7 +77,7 @@ class WeightGroup:
     def _stage(self, buffer, bucket, tensors: list) -> None:
         starts, _ = offsets(bucket)
         for start, t in zip(starts, tensors):
-            view = buffer[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            view = buffer[start : start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
             view.copy_(t, non_blocking=True)
         _synchronize(self.device)  # the bytes are in the buffer before the members are told
 
@@ -81,8 +88,10 @@ class WeightGroup:
         try:
             self.signals.wait(keys, self.timeout)
         except RuntimeError as e:
-            raise TimeoutError(f"weight push of version {version}: ipc members {self.ipc_members} did not take "
-                               f"bucket {k} within {self.timeout.total_seconds():.0f} s ({e})") from None
+            raise TimeoutError(
+                f"weight push of version {version}: ipc members {self.ipc_members} did not take "
+                f"bucket {k} within {self.timeout.total_seconds():.0f} s ({e})"
+            ) from None
 
     def _forget(self, version: int, k: int) -> None:
         if self.ipc_members:
@@ -101,8 +110,10 @@ class WeightGroup:
             try:
                 self.signals.wait([f"{version}/{k}"], self.timeout)
             except RuntimeError as e:
-                raise TimeoutError(f"weight push of version {version}: bucket {k} did not arrive within "
-                                   f"{self.timeout.total_seconds():.0f} s ({e})") from None
+                raise TimeoutError(
+                    f"weight push of version {version}: bucket {k} did not arrive within "
+                    f"{self.timeout.total_seconds():.0f} s ({e})"
+                ) from None
             starts, size = offsets(bucket)
             staged = self.buffers[k % 2][:size].clone()
             _synchronize(self.device)
@@ -110,7 +121,7 @@ class WeightGroup:
             for start, (name, shape, dtype) in zip(starts, bucket):
                 t = dtype_of(dtype)
                 n = math.prod(shape) * t.itemsize
-                yield name, staged[start:start + n].view(t).view(shape)
+                yield name, staged[start : start + n].view(t).view(shape)
 
     def _receive_broadcast(self, version: int, layout: Layout):
         import torch

@@ -22,9 +22,15 @@ def peft_config(lora: LoraConfig, base_model: str):
     lora_B zero, so an untrained adapter is exactly its base model."""
     from peft import LoraConfig as PeftLoraConfig
 
-    return PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                          target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
-                          base_model_name_or_path=str(base_model))
+    return PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=str(base_model),
+    )
 
 
 def adapter_config(lora: LoraConfig, base_model: str) -> dict:
@@ -60,8 +66,10 @@ def write_adapter(folder: str | Path, lora: LoraConfig, base_model: str, blobs: 
     tensors = {}
     for blob in blobs:
         tensors.update(load(blob))
-    files = {"adapter_config.json": json.dumps(adapter_config(lora, base_model), indent=2).encode(),
-             "adapter_model.safetensors": save(tensors, metadata={"format": "pt"})}
+    files = {
+        "adapter_config.json": json.dumps(adapter_config(lora, base_model), indent=2).encode(),
+        "adapter_model.safetensors": save(tensors, metadata={"format": "pt"}),
+    }
     for name, data in files.items():
         tmp = folder / f".{name}.tmp"
         tmp.write_bytes(data)

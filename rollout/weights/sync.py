@@ -75,8 +75,9 @@ class Learners(Protocol):
 
 
 class ObjectStoreSync:
-    def __init__(self, learners: Learners, engines: list, bucket_bytes: int = 64 << 20,
-                 timeout_s: float = 600.0, store=None):
+    def __init__(
+        self, learners: Learners, engines: list, bucket_bytes: int = 64 << 20, timeout_s: float = 600.0, store=None
+    ):
         self.learners = learners
         self.engines = list(engines)  # Engine actor handles of this policy
         self.store = store  # the policy's WeightStore: what a restarted engine loads
@@ -89,8 +90,10 @@ class ObjectStoreSync:
         buckets = self.learners.export_weights(self.bucket_bytes)  # ObjectRef: stays in the store
         limit = self.learners.cfg.call_timeout_s
         if not ray.wait([buckets], timeout=limit, fetch_local=False)[0]:  # rank 0 has finished serialising
-            raise TimeoutError(f"weight sync of version {version} of policy {self.learners.name!r}: learner "
-                               f"rank 0 did not export the weights within learner.call_timeout_s={limit}")
+            raise TimeoutError(
+                f"weight sync of version {version} of policy {self.learners.name!r}: learner "
+                f"rank 0 did not export the weights within learner.call_timeout_s={limit}"
+            )
         t_export = time.perf_counter() - t0
         if self.store is not None:  # first, so an engine that restarts from now on loads this version
             ray.get(self.store.publish.remote(version, [buckets]), timeout=60)
@@ -98,8 +101,10 @@ class ObjectStoreSync:
         ready, late = ray.wait(loads, num_returns=len(loads), timeout=self.timeout_s)
         if late:
             late_ids = [i for i, ref in enumerate(loads) if ref in late]
-            raise TimeoutError(f"weight sync of version {version} of policy {self.learners.name!r}: engines "
-                               f"{late_ids} did not load it within engine.sync_timeout_s={self.timeout_s}")
+            raise TimeoutError(
+                f"weight sync of version {version} of policy {self.learners.name!r}: engines "
+                f"{late_ids} did not load it within engine.sync_timeout_s={self.timeout_s}"
+            )
         results = []
         for i, ref in enumerate(loads):
             try:
@@ -108,14 +113,20 @@ class ObjectStoreSync:
                 if self.store is None:
                     raise
                 # It died during the load: Ray restarts it, and it loads this version from the store.
-                log.warning(f"[sync] engine {i} of policy {self.learners.name!r} died while loading version {version}; "
-                            f"it restarts with it")
+                log.warning(
+                    f"[sync] engine {i} of policy {self.learners.name!r} died while loading version {version}; "
+                    f"it restarts with it"
+                )
         seconds = time.perf_counter() - t0
         nbytes = results[0]["bytes"] if results else 0.0
-        return {"seconds": seconds, "export_seconds": t_export,
-                "load_seconds": max(r["seconds"] for r in results) if results else 0.0,
-                "bytes": nbytes, "bytes_per_s": nbytes / seconds if seconds > 0 else 0.0,
-                "engines": float(len(self.engines))}
+        return {
+            "seconds": seconds,
+            "export_seconds": t_export,
+            "load_seconds": max(r["seconds"] for r in results) if results else 0.0,
+            "bytes": nbytes,
+            "bytes_per_s": nbytes / seconds if seconds > 0 else 0.0,
+            "engines": float(len(self.engines)),
+        }
 
 
 class CollectiveSync:
@@ -128,8 +139,15 @@ class CollectiveSync:
 
     MAX_REST = 64
 
-    def __init__(self, learners: Learners, engines: list, transport: str = "auto", bucket_bytes: int = 64 << 20,
-                 timeout_s: float = 600.0, store=None):
+    def __init__(
+        self,
+        learners: Learners,
+        engines: list,
+        transport: str = "auto",
+        bucket_bytes: int = 64 << 20,
+        timeout_s: float = 600.0,
+        store=None,
+    ):
         """`transport`: `sync.transport` (auto: from the devices); `store`: the policy's WeightStore,
         given a snapshot of every pushed version in the object store (what a restarted engine loads)."""
         self.learners, self.engines, self.transport = learners, list(engines), transport
@@ -160,14 +178,18 @@ class CollectiveSync:
         joins += [e.open_weight_group.remote(plan, first, self.timeout_s) for e, first in zip(self.engines, firsts)]
         limit = OPEN_TIMEOUT_S + 30  # the members' own deadline, and their start-up
         if len(ray.wait(joins, num_returns=len(joins), timeout=limit)[0]) < len(joins):
-            raise TimeoutError(f"the weight group of policy {self.learners.name!r} ({len(transports) + 1} members "
-                               f"at {host}:{port}) did not form within {limit} s")
+            raise TimeoutError(
+                f"the weight group of policy {self.learners.name!r} ({len(transports) + 1} members "
+                f"at {host}:{port}) did not form within {limit} s"
+            )
         opened = ray.get(joins)[1:]
         self.members = self._pids()
         if opened != self.transports:
             for i, (ts, ws) in enumerate(zip(opened, workers)):
-                log.info(f"[sync] policy {self.learners.name!r}: engine {i} takes weights over {'+'.join(ts)} "
-                         f"(learner rank 0 on {sender}; its workers on {', '.join(ws)})")
+                log.info(
+                    f"[sync] policy {self.learners.name!r}: engine {i} takes weights over {'+'.join(ts)} "
+                    f"(learner rank 0 on {sender}; its workers on {', '.join(ws)})"
+                )
         self.transports = opened
 
     def _resting(self) -> bool:
@@ -195,8 +217,10 @@ class CollectiveSync:
             loads = [e.receive_weights.remote(version, self.layout) for e in self.engines]
             late = ray.wait(sends + loads, num_returns=len(sends) + len(loads), timeout=self.timeout_s)[1]
             if late:
-                raise TimeoutError(f"weight push of version {version} of policy {self.learners.name!r} "
-                                   f"not done within engine.sync_timeout_s={self.timeout_s}")
+                raise TimeoutError(
+                    f"weight push of version {version} of policy {self.learners.name!r} "
+                    f"not done within engine.sync_timeout_s={self.timeout_s}"
+                )
             results, sent = ray.get(loads), ray.get(sends)
         except (ray.exceptions.RayError, RuntimeError, TimeoutError) as e:
             return self._around_the_group(version, e)
@@ -205,24 +229,33 @@ class CollectiveSync:
         if self.store is not None:  # what an engine that restarts from now on loads (rank 0 exports it next)
             self.snapshot = self.learners.export_weights(self.bucket_bytes)
             ray.get(self.store.publish.remote(version, [self.snapshot]), timeout=60)
-        return {"seconds": seconds, "open_seconds": t_open, "send_seconds": max(sent),
-                "load_seconds": max(r["seconds"] for r in results),
-                "receive_seconds": max(r["receive_seconds"] for r in results), "bytes": self.bytes,
-                "bytes_per_s": self.bytes / seconds, "engines": float(len(self.engines)), "fallbacks": 0.0}
+        return {
+            "seconds": seconds,
+            "open_seconds": t_open,
+            "send_seconds": max(sent),
+            "load_seconds": max(r["seconds"] for r in results),
+            "receive_seconds": max(r["receive_seconds"] for r in results),
+            "bytes": self.bytes,
+            "bytes_per_s": self.bytes / seconds,
+            "engines": float(len(self.engines)),
+            "fallbacks": 0.0,
+        }
 
     def _around_the_group(self, version: int, error: Exception) -> dict[str, float]:
         """A push the group could not carry (an engine died or restarted mid-push, a transport
         failed): every engine takes this version through the object store (a restarted one from
         its WeightStore), and the group rests before it is opened anew."""
         self.members, self.failures = None, self.failures + 1
-        self.rest = min(2 ** self.failures, self.MAX_REST) - 1
+        self.rest = min(2**self.failures, self.MAX_REST) - 1
         try:
             self.rest_members = self._pids()
         except (ray.exceptions.RayError, TimeoutError):
             self.rest_members, self.rest = None, 0  # an engine is down: its restart reopens the group
-        log.warning(f"[sync] the weight group of policy {self.learners.name!r} could not carry version {version} "
-                    f"({type(error).__name__}: {str(error)[:200]}); sending it through the object store, and the next "
-                    f"{self.rest} pushes too unless an engine restarts")
+        log.warning(
+            f"[sync] the weight group of policy {self.learners.name!r} could not carry version {version} "
+            f"({type(error).__name__}: {str(error)[:200]}); sending it through the object store, and the next "
+            f"{self.rest} pushes too unless an engine restarts"
+        )
         return {**self.fallback.push(version), "fallbacks": 1.0}
 
 

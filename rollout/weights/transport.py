@@ -58,11 +58,15 @@ def choose_transport(sender: str, receiver: str, prefer: str = "auto") -> str:
             return "ipc" if same else "nccl"
         return "gloo"
     if prefer == "ipc" and not same:  # CPU: one host's shared memory; GPU: one device's memory
-        raise ValueError(f"sync.transport=ipc needs the learner's rank 0 and the engine worker on the same "
-                         f"{'host' if kinds == ('cpu', 'cpu') else 'device'}; they are on {sender} and {receiver}")
+        raise ValueError(
+            f"sync.transport=ipc needs the learner's rank 0 and the engine worker on the same "
+            f"{'host' if kinds == ('cpu', 'cpu') else 'device'}; they are on {sender} and {receiver}"
+        )
     if prefer == "nccl" and (kinds != ("cuda", "cuda") or same):
-        raise ValueError(f"sync.transport=nccl needs two different GPUs (NCCL refuses two ranks on one); "
-                         f"the learner's rank 0 is on {sender}, the engine worker on {receiver}")
+        raise ValueError(
+            f"sync.transport=nccl needs two different GPUs (NCCL refuses two ranks on one); "
+            f"the learner's rank 0 is on {sender}, the engine worker on {receiver}"
+        )
     if prefer not in TRANSPORTS:
         raise ValueError(f"sync.transport={prefer!r}: expected auto or one of {TRANSPORTS}")
     return prefer
@@ -80,6 +84,7 @@ def offsets(bucket) -> tuple[list[int], int]:
 @dataclass
 class GroupPlan:
     """Who joins a policy's weight group and how: `transports[m]` is member m+1's."""
+
     host: str
     port: int
     transports: list[str]
@@ -95,7 +100,7 @@ class GroupPlan:
             return 0
         if self.transports[member - 1] == "ipc":
             return None
-        return 1 + sum(t != "ipc" for t in self.transports[:member - 1])
+        return 1 + sum(t != "ipc" for t in self.transports[: member - 1])
 
     @property
     def pg_world(self) -> int:
@@ -182,4 +187,3 @@ def dtype_of(name: str):
     import torch
 
     return getattr(torch, name.removeprefix("torch."))
-

@@ -37,9 +37,17 @@ DTYPES = ("float32", "bfloat16")
 
 
 def engine_side(model: str, prompts: int, max_tokens: int, rounds: int) -> dict:
-    cfg = compose("generate", [f"model={model}", "harness=single_turn", "task=chain_sum",
-                               f"sampling.max_tokens={max_tokens}", "sampling.ignore_eos=true",
-                               f"engine.max_num_seqs={max(prompts, 8)}"])
+    cfg = compose(
+        "generate",
+        [
+            f"model={model}",
+            "harness=single_turn",
+            "task=chain_sum",
+            f"sampling.max_tokens={max_tokens}",
+            "sampling.ignore_eos=true",
+            f"engine.max_num_seqs={max(prompts, 8)}",
+        ],
+    )
     path = resolve_model(cfg.model.name, cfg.model.path)
     fmt = ChatFormat.from_pretrained(path)
     tasks = make_task_source(cfg.task, cfg.seed)
@@ -90,10 +98,14 @@ def main() -> None:
     if args.quick:
         args.model, args.prompts, args.max_tokens, args.rows, args.rounds = "tiny", 4, 8, 2, 1
     torch.manual_seed(0)
-    result = {"bench": "bf16", "quick": args.quick, "model": args.model,
-              "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
-              "engine": engine_side(args.model, args.prompts, args.max_tokens, args.rounds),
-              "learner": learner_side(args.model, args.rows, args.rounds, args.budget)}
+    result = {
+        "bench": "bf16",
+        "quick": args.quick,
+        "model": args.model,
+        "cpu_bf16": torch.cpu._is_avx512_bf16_supported(),
+        "engine": engine_side(args.model, args.prompts, args.max_tokens, args.rounds),
+        "learner": learner_side(args.model, args.rows, args.rounds, args.budget),
+    }
     ray.shutdown()  # before the result: an actor's late log line would follow it otherwise
     print(json.dumps(result))
 

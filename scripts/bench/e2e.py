@@ -53,21 +53,44 @@ from trainer.policy import micro_batches
 
 VARIANTS = {  # name -> (default overrides, {variant: its overrides})
     "staleness": (["experiment=smoke"], {"sync": ["trainer.max_staleness=0"], "async": ["trainer.max_staleness=1"]}),
-    "policies": (["experiment=smoke", "harness=solver_verifier"],
-                 {"one_policy": [], "two_policies": ["agents.verifier=critic", "+policies.critic.trainable=true"]}),
-    "lora": (["experiment=smoke", "harness=solver_verifier"],
-             {"two_full": ["agents.solver=a", "agents.verifier=b", "+policies.a.trainable=true",
-                           "+policies.b.trainable=true"],
-              "two_lora": ["agents.solver=a", "agents.verifier=b", "+policies.a.lora.rank=16",
-                           "+policies.b.lora.rank=16"]}),
+    "policies": (
+        ["experiment=smoke", "harness=solver_verifier"],
+        {"one_policy": [], "two_policies": ["agents.verifier=critic", "+policies.critic.trainable=true"]},
+    ),
+    "lora": (
+        ["experiment=smoke", "harness=solver_verifier"],
+        {
+            "two_full": [
+                "agents.solver=a",
+                "agents.verifier=b",
+                "+policies.a.trainable=true",
+                "+policies.b.trainable=true",
+            ],
+            "two_lora": [
+                "agents.solver=a",
+                "agents.verifier=b",
+                "+policies.a.lora.rank=16",
+                "+policies.b.lora.rank=16",
+            ],
+        },
+    ),
 }
 
 
 def run_variant(name: str, overrides: list[str], steps: int, light: bool = False) -> dict:
     """One variant's run and its loop figures; `light`: also the speed of light of its last step."""
     with tempfile.TemporaryDirectory(prefix=f"bench-e2e-{name}-") as run_dir:  # checkpoints: GBs each
-        cfg = compose("train", [*overrides, f"run_dir={run_dir}", f"trainer.steps={steps}", "eval.size=0",
-                                "logger=disabled", *(["trainer.rollouts_every=1"] if light else [])])
+        cfg = compose(
+            "train",
+            [
+                *overrides,
+                f"run_dir={run_dir}",
+                f"trainer.steps={steps}",
+                "eval.size=0",
+                "logger=disabled",
+                *(["trainer.rollouts_every=1"] if light else []),
+            ],
+        )
         t0 = time.time()
         summary = train(cfg)
         result = variant_figures(name, run_dir, summary)
@@ -81,23 +104,36 @@ def variant_figures(name: str, run_dir: str, summary: dict) -> dict:
     steps_m = [r for r in rows if "perf/step_s" in r]
     loop_s = sum(r["perf/step_s"] for r in steps_m)
     trained = sum(r["train/trained_tokens"] for r in steps_m)
-    return {"variant": name, "trainable_policies": summary["trainable_policies"], "steps": len(steps_m),
-            "traces": sum(r["rollout/traces"] for r in steps_m), "loop_s": round(loop_s, 2),
-            "s_per_step": round(loop_s / len(steps_m), 3), "trained_tokens": trained,
-            "trained_tokens_per_s": round(trained / loop_s, 1),
-            "learner_idle_frac": round(1 - sum(r["perf/train_s"] for r in steps_m) / loop_s, 3),
-            "sync_s_per_step": round(sum(r["perf/sync_s"] for r in steps_m) / len(steps_m), 3),
-            # engine busy time includes the start's few seconds, a small overestimate
-            "rollout_idle_frac": round(max(0.0, 1 - summary["engine_busy_s"] / loop_s), 3),
-            "final_reward": round(steps_m[-1]["rollout/reward"], 3), "dropped_stale": summary["dropped_stale"]}
+    return {
+        "variant": name,
+        "trainable_policies": summary["trainable_policies"],
+        "steps": len(steps_m),
+        "traces": sum(r["rollout/traces"] for r in steps_m),
+        "loop_s": round(loop_s, 2),
+        "s_per_step": round(loop_s / len(steps_m), 3),
+        "trained_tokens": trained,
+        "trained_tokens_per_s": round(trained / loop_s, 1),
+        "learner_idle_frac": round(1 - sum(r["perf/train_s"] for r in steps_m) / loop_s, 3),
+        "sync_s_per_step": round(sum(r["perf/sync_s"] for r in steps_m) / len(steps_m), 3),
+        # engine busy time includes the start's few seconds, a small overestimate
+        "rollout_idle_frac": round(max(0.0, 1 - summary["engine_busy_s"] / loop_s), 3),
+        "final_reward": round(steps_m[-1]["rollout/reward"], 3),
+        "dropped_stale": summary["dropped_stale"],
+    }
 
 
 def engines_alone_s(cfg, traces) -> float:
     """Seconds for the run's engine pools (fresh, the run's settings) to generate every sequence of
     `traces` at once, each prompt to its own completion's length: no harness, no dependencies."""
     pools = cfg.engine_pools()
-    spec = {pool: (resolve_model(cfg.policy_model(ps[0]).name, cfg.policy_model(ps[0]).path), cfg.policy_model(ps[0]),
-                   cfg.pool_engine(ps)) for pool, ps in pools.items()}
+    spec = {
+        pool: (
+            resolve_model(cfg.policy_model(ps[0]).name, cfg.policy_model(ps[0]).path),
+            cfg.policy_model(ps[0]),
+            cfg.pool_engine(ps),
+        )
+        for pool, ps in pools.items()
+    }
     engines = spawn_engines(spec, seed=cfg.seed)
     of_policy = {p: engines[pool] for pool, ps in pools.items() for p in ps}
     everyone = [e for pool in engines.values() for e in pool]
@@ -105,9 +141,19 @@ def engines_alone_s(cfg, traces) -> float:
     try:
         ray.get([e.generate.remote([5] * 32, SamplingConfig(max_tokens=4)) for e in everyone], timeout=600)
         t0 = time.perf_counter()
-        ray.get([of_policy[s.policy][i % len(of_policy[s.policy])].generate.remote(s.prompt_ids, SamplingConfig(
-            temperature=cfg.sampling.temperature, max_tokens=len(s.completion_ids), ignore_eos=True), seed=i)
-                 for i, s in enumerate(seqs)], timeout=1800)
+        ray.get(
+            [
+                of_policy[s.policy][i % len(of_policy[s.policy])].generate.remote(
+                    s.prompt_ids,
+                    SamplingConfig(
+                        temperature=cfg.sampling.temperature, max_tokens=len(s.completion_ids), ignore_eos=True
+                    ),
+                    seed=i,
+                )
+                for i, s in enumerate(seqs)
+            ],
+            timeout=1800,
+        )
         return time.perf_counter() - t0
     finally:
         ray.wait([e.shutdown.remote() for e in everyone], num_returns=len(everyone), timeout=60)
@@ -123,8 +169,13 @@ def plain_train_s(cfg, traces) -> tuple[float, int]:
     for p in cfg.trainable_policies():
         mine = [t.only_policy(p) for t in traces]
         path = resolve_model(cfg.policy_model(p).name, cfg.policy_model(p).path)
-        _, mbs = micro_batches(mine, compute_advantages(mine, a.advantage), a, cfg.policy_learner(p).micro_batch_tokens,
-                               ChatFormat.from_pretrained(path).pad_id)
+        _, mbs = micro_batches(
+            mine,
+            compute_advantages(mine, a.advantage),
+            a,
+            cfg.policy_learner(p).micro_batch_tokens,
+            ChatFormat.from_pretrained(path).pad_id,
+        )
         loop = ray.remote(num_cpus=1)(PlainLoop).remote(path, max(cfg.policy_learner(p).torch_threads, 1))
         try:
             nbytes += ray.get(loop.nbytes.remote(), timeout=600)
@@ -137,13 +188,23 @@ def plain_train_s(cfg, traces) -> tuple[float, int]:
 
 def speed_of_light(model: str, overrides: list[str], steps: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-e2e-sol-") as run_dir:  # checkpoints: GBs each
-        cfg = compose("train", ["experiment=smollm2_solver_verifier", f"model={model}", *overrides,
-                                f"run_dir={run_dir}", f"trainer.steps={steps}", "trainer.rollouts_every=1",
-                                "trainer.save_every=0", "eval.size=0", "logger=disabled"])
+        cfg = compose(
+            "train",
+            [
+                "experiment=smollm2_solver_verifier",
+                f"model={model}",
+                *overrides,
+                f"run_dir={run_dir}",
+                f"trainer.steps={steps}",
+                "trainer.rollouts_every=1",
+                "trainer.save_every=0",
+                "eval.size=0",
+                "logger=disabled",
+            ],
+        )
         t0 = time.time()
         summary = train(cfg)
-        return {"model": model, "overrides": overrides,
-                **light_of_last_step(cfg, run_dir, summary, time.time() - t0)}
+        return {"model": model, "overrides": overrides, **light_of_last_step(cfg, run_dir, summary, time.time() - t0)}
 
 
 def light_of_last_step(cfg, run_dir: str, summary: dict, run_s: float) -> dict:
@@ -160,20 +221,34 @@ def light_of_last_step(cfg, run_dir: str, summary: dict, run_s: float) -> dict:
     copy_s = memcpy_s(nbytes)
     light = engine_s + plain_s + copy_s
     step_s, wait, train_s, sync_s = m["perf/step_s"], m["perf/rollout_wait_s"], m["perf/train_s"], m["perf/sync_s"]
-    return {"model": cfg.model.name, "step": steps, "step_s": round(step_s, 2),
-            "speed_of_light_s": round(light, 2), "step_over_speed_of_light": round(step_s / light, 2),
-            "generated_tokens": m["rollout/generated_tokens"], "trained_tokens": m["train/trained_tokens"],
-            "parts": {  # the step's seconds and what the same work costs alone
-                "rollout": {"step_s": round(wait, 2), "engine_alone_s": round(engine_s, 2),
-                            "engines_busy_s": round(m["perf/engine_busy_s"], 2),
-                            "engines_idle_s": round(m["perf/engine_idle_s"], 2)},
-                # learner_s: inside the ranks (the rest of step_s: packing, Ray calls, sharding)
-                "train": {"step_s": round(train_s, 2), "plain_loop_s": round(plain_s, 2),
-                          "learner_s": round(sum(m[f"perf/{p}/learner_s"] for p in summary["trainable_policies"]), 2)},
-                "sync": {"step_s": round(sync_s, 2), "memcpy_s": round(copy_s, 3), "bytes": nbytes},
-                "loop_other_s": round(step_s - wait - train_s - sync_s, 2)},
-            "run_s": round(run_s, 1), "final_reward": round(m["rollout/reward"], 3),
-            "trainable_policies": summary["trainable_policies"]}
+    return {
+        "model": cfg.model.name,
+        "step": steps,
+        "step_s": round(step_s, 2),
+        "speed_of_light_s": round(light, 2),
+        "step_over_speed_of_light": round(step_s / light, 2),
+        "generated_tokens": m["rollout/generated_tokens"],
+        "trained_tokens": m["train/trained_tokens"],
+        "parts": {  # the step's seconds and what the same work costs alone
+            "rollout": {
+                "step_s": round(wait, 2),
+                "engine_alone_s": round(engine_s, 2),
+                "engines_busy_s": round(m["perf/engine_busy_s"], 2),
+                "engines_idle_s": round(m["perf/engine_idle_s"], 2),
+            },
+            # learner_s: inside the ranks (the rest of step_s: packing, Ray calls, sharding)
+            "train": {
+                "step_s": round(train_s, 2),
+                "plain_loop_s": round(plain_s, 2),
+                "learner_s": round(sum(m[f"perf/{p}/learner_s"] for p in summary["trainable_policies"]), 2),
+            },
+            "sync": {"step_s": round(sync_s, 2), "memcpy_s": round(copy_s, 3), "bytes": nbytes},
+            "loop_other_s": round(step_s - wait - train_s - sync_s, 2),
+        },
+        "run_s": round(run_s, 1),
+        "final_reward": round(m["rollout/reward"], 3),
+        "trainable_policies": summary["trainable_policies"],
+    }
 
 
 def main() -> None:
@@ -182,8 +257,9 @@ def main() -> None:
     ap.add_argument("--model", help="the speed of light of `make train`'s config with this model")
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12; 3 with --model)")
     ap.add_argument("overrides", nargs="*", help="hydra overrides for both variants")
-    ap.add_argument("--quick", action="store_true",
-                    help="the comparison (2 steps) and the speed of light of its last step")
+    ap.add_argument(
+        "--quick", action="store_true", help="the comparison (2 steps) and the speed of light of its last step"
+    )
     args = ap.parse_args()
     if args.quick:
         args.model, args.steps = None, 2
@@ -204,11 +280,21 @@ def main() -> None:
     light = results[name].pop("speed_of_light", None)
     ray.shutdown()
     first, second = results.values()
-    print(json.dumps({"bench": "e2e", "quick": args.quick, "compare": args.compare, "overrides": overrides, **results,
-                      **({"speed_of_light": light} if light else {}),
-                      "tokens_per_s_ratio": round(second["trained_tokens_per_s"] / first["trained_tokens_per_s"], 3),
-                      "s_per_step_ratio": round(second["s_per_step"] / first["s_per_step"], 3),
-                      "wall_s": round(time.time() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "bench": "e2e",
+                "quick": args.quick,
+                "compare": args.compare,
+                "overrides": overrides,
+                **results,
+                **({"speed_of_light": light} if light else {}),
+                "tokens_per_s_ratio": round(second["trained_tokens_per_s"] / first["trained_tokens_per_s"], 3),
+                "s_per_step_ratio": round(second["s_per_step"] / first["s_per_step"], 3),
+                "wall_s": round(time.time() - t0, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ def start_once(model: str, core: str) -> dict:
     [engine] = spawn_engines({"main": (path, cfg.model, cfg.engine)})["main"]
     spawn_s = time.perf_counter() - t0
     try:
-        [completion] = ray.get(engine.generate.remote([5] * 16, SamplingConfig(max_tokens=1)),
-                               timeout=cfg.engine.request_timeout_s)
+        [completion] = ray.get(
+            engine.generate.remote([5] * 16, SamplingConfig(max_tokens=1)), timeout=cfg.engine.request_timeout_s
+        )
         up_s = time.perf_counter() - t0
         assert len(completion.completion_ids) == 1, completion
         info = ray.get(engine.info.remote(), timeout=60)
@@ -93,8 +94,18 @@ def main() -> None:
     t0 = time.time()
     result = {model: bench_model(model, cores, repeats) for model in models}
     ray.shutdown()
-    print(json.dumps({"bench": "engine_start", "quick": args.quick, "repeats": repeats, "cores": cores, **result,
-                      "wall_s": round(time.time() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "bench": "engine_start",
+                "quick": args.quick,
+                "repeats": repeats,
+                "cores": cores,
+                **result,
+                "wall_s": round(time.time() - t0, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

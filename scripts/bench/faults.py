@@ -35,9 +35,17 @@ from rollout.orchestration.faults import Injector
 from trainer.config import compose
 from trainer.loop import train
 
-RUN = ["experiment=smoke", "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
-       "eval.size=0", "logger=disabled", "engine.health_check_s=2", "engine.health_timeout_s=10",
-       "engine.request_timeout_s=30"]
+RUN = [
+    "experiment=smoke",
+    "harness=solver_verifier",
+    "agents.verifier=frozen",
+    "learner.world_size=1",
+    "eval.size=0",
+    "logger=disabled",
+    "engine.health_check_s=2",
+    "engine.health_timeout_s=10",
+    "engine.request_timeout_s=30",
+]
 ENGINE_KILLED = ("tracerl-engine-main-0-", "info", "kill")
 FROZEN_ENGINE_KILLED = ("tracerl-engine-frozen-0-", "info", "kill")
 FAULTS = {  # name -> [(actor name prefix, the actor method that answers its pid, psutil action)], 0.5 s apart
@@ -54,8 +62,10 @@ DEFAULT = "default"  # the engine core mode the config picks (no engine.core ove
 def run(fault: str, steps: int, core: str) -> dict:
     """One run with `fault` (none: fault-free) on engines of `core` (DEFAULT: the config's)."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-faults-{fault}-"))
-    cfg = compose("train", [*RUN, f"run_dir={run_dir}", f"trainer.steps={steps}",
-                            *([] if core == DEFAULT else [f"engine.core={core}"])])
+    cfg = compose(
+        "train",
+        [*RUN, f"run_dir={run_dir}", f"trainer.steps={steps}", *([] if core == DEFAULT else [f"engine.core={core}"])],
+    )
     plan = [(1, *hit) for hit in FAULTS[fault]]
     t0 = time.perf_counter()
     try:
@@ -65,25 +75,41 @@ def run(fault: str, steps: int, core: str) -> dict:
     except Exception as e:  # a fault the run did not survive is a result, not a bench crash
         summary, error = {}, f"{type(e).__name__}: {e}"
     wall_s = time.perf_counter() - t0
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] \
-        if (run_dir / "metrics.jsonl").exists() else []
+    rows = (
+        [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        if (run_dir / "metrics.jsonl").exists()
+        else []
+    )
     rows = [r for r in rows if "rollout/traces" in r]
     expected = steps * cfg.trainer.groups_per_step * cfg.rollout.group_size
     ok = sum(r["rollout/traces"] - r["rollout/failed"] for r in rows)
-    return {"fault": fault, "core": core, "injected": len(injector.injected) == len(plan),
-            "injector_errors": injector.errors, "survived": error is None,
-            "error": error, "steps_done": len(rows), "traces_expected": expected, "traces_trained_ok": ok,
-            "traces_lost": expected - ok, "failed": sum(r["rollout/failed"] for r in rows),
-            "retried": sum(r["rollout/retried"] for r in rows), "resent": sum(r.get("rollout/resent", 0) for r in rows),
-            "engine_restarts": summary.get("engine_restarts"), "engines_hung": summary.get("engines_hung"),
-            "worker_restarts": summary.get("worker_restarts"), "wall_s": round(wall_s, 1)}
+    return {
+        "fault": fault,
+        "core": core,
+        "injected": len(injector.injected) == len(plan),
+        "injector_errors": injector.errors,
+        "survived": error is None,
+        "error": error,
+        "steps_done": len(rows),
+        "traces_expected": expected,
+        "traces_trained_ok": ok,
+        "traces_lost": expected - ok,
+        "failed": sum(r["rollout/failed"] for r in rows),
+        "retried": sum(r["rollout/retried"] for r in rows),
+        "resent": sum(r.get("rollout/resent", 0) for r in rows),
+        "engine_restarts": summary.get("engine_restarts"),
+        "engines_hung": summary.get("engines_hung"),
+        "worker_restarts": summary.get("worker_restarts"),
+        "wall_s": round(wall_s, 1),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--faults", default=",".join(f for f in FAULTS if f != "none"),
-                    help=f"comma-separated, of {sorted(FAULTS)}")
+    ap.add_argument(
+        "--faults", default=",".join(f for f in FAULTS if f != "none"), help=f"comma-separated, of {sorted(FAULTS)}"
+    )
     ap.add_argument("--cores", default=DEFAULT, help="comma-separated engine.core values, e.g. process,thread")
     ap.add_argument("--quick", action="store_true", help="3 steps, engine_killed only")
     args = ap.parse_args()
@@ -102,15 +128,29 @@ def main() -> None:
             results[core][name] = run(name, args.steps, core)
             print(results[core][name], flush=True)
     ray.shutdown()
-    extra = {core: {name: round(r["wall_s"] - rows["none"]["wall_s"], 1) for name, r in rows.items()}
-             for core, rows in results.items()}
+    extra = {
+        core: {name: round(r["wall_s"] - rows["none"]["wall_s"], 1) for name, r in rows.items()}
+        for core, rows in results.items()
+    }
     for core, rows in results.items():
         for name, r in rows.items():
             r["extra_wall_s"] = extra[core][name]
     runs = [r for rows in results.values() for r in rows.values()]
-    print(json.dumps({"bench": "faults", "quick": args.quick, "steps": args.steps, "cores": cores, "overrides": RUN,
-                      "runs": runs, "extra_wall_s": extra, "traces_lost_total": sum(r["traces_lost"] for r in runs),
-                      "wall_s": round(time.time() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "bench": "faults",
+                "quick": args.quick,
+                "steps": args.steps,
+                "cores": cores,
+                "overrides": RUN,
+                "runs": runs,
+                "extra_wall_s": extra,
+                "traces_lost_total": sum(r["traces_lost"] for r in runs),
+                "wall_s": round(time.time() - t0, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

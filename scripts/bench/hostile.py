@@ -53,8 +53,18 @@ def main() -> None:
         rows[name].update({label: median_ms(task.score, text, repeats) for label, text in texts.items()})
         print(name, rows[name], flush=True)
     worst = max(v for row in rows.values() for k, v in row.items() if k != "gold" and isinstance(v, float))
-    print(json.dumps({"bench": "hostile", "quick": args.quick, "repeats": repeats, "file_created": target.exists(),
-                      "worst_hostile_ms": worst, "hostile_ms": rows}))
+    print(
+        json.dumps(
+            {
+                "bench": "hostile",
+                "quick": args.quick,
+                "repeats": repeats,
+                "file_created": target.exists(),
+                "worst_hostile_ms": worst,
+                "hostile_ms": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -69,9 +69,11 @@ def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
     def plain_step() -> float:
         return ray.get(plain_loop.step.remote(mbs), timeout=600)
 
-    configs = {"a_throughput": LearnerConfig(world_size=2, num_cpus=1, zero_stage=2, lr=1e-6),
-               # what `make train` runs: one rank with both cores
-               "a_throughput_ws1": LearnerConfig(world_size=1, num_cpus=1, torch_threads=2, zero_stage=0, lr=1e-6)}
+    configs = {
+        "a_throughput": LearnerConfig(world_size=2, num_cpus=1, zero_stage=2, lr=1e-6),
+        # what `make train` runs: one rank with both cores
+        "a_throughput_ws1": LearnerConfig(world_size=1, num_cpus=1, torch_threads=2, zero_stage=0, lr=1e-6),
+    }
     # Every group is up before the clock starts, and the plain loop and each learner take turns
     # step by step, so a slow minute on this shared box hits all of them alike.
     plain, times, inside = [], {k: [] for k in configs}, {k: [] for k in configs}
@@ -90,11 +92,17 @@ def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
     out = {}
     for key, cfg in configs.items():
         d = min(times[key][1:])
-        out[key] = {"world_size": cfg.world_size, "zero_stage": cfg.zero_stage, "trained_tokens": trained,
-                    "plain_tok_s": round(trained / p, 1), "learner_tok_s": round(trained / d, 1),
-                    "ratio": round(p / d, 3),
-                    # the step inside the rank; the rest of `d` is the Ray call and the driver's
-                    "in_rank_s": round(min(inside[key][1:]), 3), "call_s": round(d, 3)}
+        out[key] = {
+            "world_size": cfg.world_size,
+            "zero_stage": cfg.zero_stage,
+            "trained_tokens": trained,
+            "plain_tok_s": round(trained / p, 1),
+            "learner_tok_s": round(trained / d, 1),
+            "ratio": round(p / d, 3),
+            # the step inside the rank; the rest of `d` is the Ray call and the driver's
+            "in_rank_s": round(min(inside[key][1:]), 3),
+            "call_s": round(d, 3),
+        }
     return out
 
 
@@ -127,8 +135,12 @@ def section_c(model_name: str, rounds: int) -> dict:
     sync method side by side into the same engine (the collective one after its previous snapshot
     export finished, as in the loop, where the export overlaps the next rollout)."""
     out = {}
-    configs = {method: compose("train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5",
-                                         f"sync.method={method}"]) for method in ("object_store", "collective")}
+    configs = {
+        method: compose(
+            "train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5", f"sync.method={method}"]
+        )
+        for method in ("object_store", "collective")
+    }
     with RolloutFleet(configs["object_store"]) as fleet:  # the fleet does not depend on the sync method
         for method, cfg in configs.items():
             with TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet) as policy:
@@ -140,11 +152,19 @@ def section_c(model_name: str, rounds: int) -> dict:
                         snapshot_s = time.perf_counter() - t0
                     results.append(policy.sync.push(v))
             best = min(results, key=lambda r: r["seconds"])
-            out[method] = {"sync_s": round(best["seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
-                           **({"export_s": round(best["export_seconds"], 3)} if "export_seconds" in best else
-                              {"send_s": round(best["send_seconds"], 3),
-                               "engine_receive_s": round(best["receive_seconds"], 3),
-                               "snapshot_wait_s": round(snapshot_s, 3)})}
+            out[method] = {
+                "sync_s": round(best["seconds"], 3),
+                "engine_load_s": round(best["load_seconds"], 3),
+                **(
+                    {"export_s": round(best["export_seconds"], 3)}
+                    if "export_seconds" in best
+                    else {
+                        "send_s": round(best["send_seconds"], 3),
+                        "engine_receive_s": round(best["receive_seconds"], 3),
+                        "snapshot_wait_s": round(snapshot_s, 3),
+                    }
+                ),
+            }
             print(model_name, "c", method, out[method], flush=True)
     nbytes = int(results[0]["bytes"])
     copy_s = memcpy_s(nbytes, rounds)
@@ -157,8 +177,11 @@ def section_c(model_name: str, rounds: int) -> dict:
 
 def section_e(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) -> dict:
     rng = random.Random(0)
-    question = ("Add these numbers and give the final answer in <answer></answer> tags: "
-                + " + ".join(str(rng.randrange(100)) for _ in range(12)) + ". Show your work briefly.")
+    question = (
+        "Add these numbers and give the final answer in <answer></answer> tags: "
+        + " + ".join(str(rng.randrange(100)) for _ in range(12))
+        + ". Show your work briefly."
+    )
     traces = [conversation_trace(fmt, vocab, 1, 24, 0, rng, f"t{i}", question) for i in range(n_rows)]
     _, mbs = batches_for(traces, True, budget)
     loop = PlainLoop(path, 2)
@@ -169,8 +192,13 @@ def section_e(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
     trained = sum(mb.num_trained for mb in mbs)
     tokens = sum(mb.num_tokens for mb in mbs)
     best = {k: min(v[1:]) for k, v in times.items()}
-    return {"trained_tokens": trained, "tokens": tokens, "trained_only_s": round(best[True], 3),
-            "every_position_s": round(best[False], 3), "speedup": round(best[False] / best[True], 3)}
+    return {
+        "trained_tokens": trained,
+        "tokens": tokens,
+        "trained_only_s": round(best[True], 3),
+        "every_position_s": round(best[False], 3),
+        "speedup": round(best[False] / best[True], 3),
+    }
 
 
 LORA = ["+policies.a.lora.rank=16", "+policies.b.lora.rank=16"]
@@ -178,9 +206,18 @@ LORA = ["+policies.a.lora.rank=16", "+policies.b.lora.rank=16"]
 
 def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int) -> dict:
     """The loop's own pieces, LoRA against full weights, the same model and settings."""
-    base = [f"model={model_name}", "harness=solver_verifier", "agents.solver=a", "agents.verifier=b",
-            "+policies.a.trainable=true", "+policies.b.trainable=true", "engine.kv_cache_gb=0.5",
-            "learner.world_size=1", "learner.num_cpus=0.5", "learner.zero_stage=0"]
+    base = [
+        f"model={model_name}",
+        "harness=solver_verifier",
+        "agents.solver=a",
+        "agents.verifier=b",
+        "+policies.a.trainable=true",
+        "+policies.b.trainable=true",
+        "engine.kv_cache_gb=0.5",
+        "learner.world_size=1",
+        "learner.num_cpus=0.5",
+        "learner.zero_stage=0",
+    ]
     rng = random.Random(0)
     _, mbs = batches_for([conversation_trace(fmt, vocab, 1, 96, 0, rng, f"t{i}") for i in range(4)], True, budget)
     out = {}
@@ -195,9 +232,14 @@ def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int) -> dic
             rss = sum(ray.get([r.rss.remote() for r in ranks.values()], timeout=60))
             syncs = [a.sync.push(v) for v in range(1, rounds + 1)]
             best = min(syncs, key=lambda r: r["seconds"])
-            out[kind] = {"engines": len(fleet.pools), "learner_ranks": len(ranks), "sync_bytes": int(best["bytes"]),
-                         "sync_s": round(best["seconds"], 3), "engine_load_s": round(best["load_seconds"], 3),
-                         "learners_rss_gb": round(rss / 2**30, 2)}
+            out[kind] = {
+                "engines": len(fleet.pools),
+                "learner_ranks": len(ranks),
+                "sync_bytes": int(best["bytes"]),
+                "sync_s": round(best["seconds"], 3),
+                "engine_load_s": round(best["load_seconds"], 3),
+                "learners_rss_gb": round(rss / 2**30, 2),
+            }
         print(model_name, "d", kind, out[kind], flush=True)
     f, lo = out["full"], out["lora"]
     out["sync_bytes_full_over_lora"] = round(f["sync_bytes"] / lo["sync_bytes"], 1)

@@ -64,21 +64,26 @@ async def batch(llm, prompts: list[list[int]], loras: list, params) -> tuple[flo
     return time.perf_counter() - t0, ids
 
 
-def run_variant(ops: str, model_path: str, adapters: dict[str, str], lora: LoraConfig,
-                prompts: list[list[int]], max_tokens: int) -> dict:
+def run_variant(
+    ops: str, model_path: str, adapters: dict[str, str], lora: LoraConfig, prompts: list[list[int]], max_tokens: int
+) -> dict:
     from vllm import SamplingParams
     from vllm.lora.request import LoRARequest
     from vllm.v1.engine.async_llm import AsyncLLM
 
     os.environ["TRACERL_LORA_CPU_OPS"] = ops  # read in the engine's worker process at start
-    llm = AsyncLLM.from_engine_args(engine_args(model_path, EngineConfig(kv_cache_gb=1.0),
-                                                adapters={"a": lora, "b": lora}))
+    llm = AsyncLLM.from_engine_args(
+        engine_args(model_path, EngineConfig(kv_cache_gb=1.0), adapters={"a": lora, "b": lora})
+    )
     reqs = {n: LoRARequest(n, i + 1, path) for i, (n, path) in enumerate(adapters.items())}
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     n, half = len(prompts), len(prompts) // 2
-    batches = {"base": [None] * n, "a": [reqs["a"]] * n,
-               "a+b": [reqs["a"]] * half + [reqs["b"]] * (n - half),
-               "base+a": [None] * half + [reqs["a"]] * (n - half)}
+    batches = {
+        "base": [None] * n,
+        "a": [reqs["a"]] * n,
+        "a+b": [reqs["a"]] * half + [reqs["b"]] * (n - half),
+        "base+a": [None] * half + [reqs["a"]] * (n - half),
+    }
 
     async def main(llm) -> dict:  # (an argument: the name is deleted below)
         await batch(llm, prompts[:4], [None, reqs["a"], reqs["b"], None], params)  # warm up, adapters loaded
@@ -87,7 +92,8 @@ def run_variant(ops: str, model_path: str, adapters: dict[str, str], lora: LoraC
             seconds, ids[name] = await batch(llm, prompts, loras, params)
             out[f"{name}_tokens_per_s"] = round(n * max_tokens / seconds, 1)
         out["base_requests_changed_by_batching_with_a"] = sum(
-            x != y for x, y in zip(ids["base+a"][:half], ids["base"][:half]))
+            x != y for x, y in zip(ids["base+a"][:half], ids["base"][:half])
+        )
         return out
 
     try:
@@ -112,24 +118,44 @@ def main() -> None:
 
     model_path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(model_path)
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {2 * i + 3}? Explain."}],
-                                                  add_generation_prompt=True, tokenize=False), add_special_tokens=False)
-               for i in range(args.prompts)]
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"What is {i} + {2 * i + 3}? Explain."}],
+                add_generation_prompt=True,
+                tokenize=False,
+            ),
+            add_special_tokens=False,
+        )
+        for i in range(args.prompts)
+    ]
     lora = LoraConfig(rank=args.rank, alpha=2.0 * args.rank)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as folder:
         adapters = random_adapters(model_path, lora, folder)
-        results = {ops: run_variant(ops, model_path, adapters, lora, prompts, args.max_tokens)
-                   for ops in ("vllm", "grouped")}
+        results = {
+            ops: run_variant(ops, model_path, adapters, lora, prompts, args.max_tokens) for ops in ("vllm", "grouped")
+        }
     for r in results.values():
         print(r, flush=True)
     v, g = results["vllm"], results["grouped"]
-    print(json.dumps({"bench": "lora_ops", "quick": args.quick, "model": args.model, "prompts": args.prompts,
-                      "max_tokens": args.max_tokens, "rank": args.rank, **results,
-                      "a_speedup": round(g["a_tokens_per_s"] / v["a_tokens_per_s"], 3),
-                      "a_vs_base_grouped": round(g["a_tokens_per_s"] / g["base_tokens_per_s"], 3),
-                      "a_vs_base_vllm": round(v["a_tokens_per_s"] / v["base_tokens_per_s"], 3),
-                      "wall_s": round(time.time() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "bench": "lora_ops",
+                "quick": args.quick,
+                "model": args.model,
+                "prompts": args.prompts,
+                "max_tokens": args.max_tokens,
+                "rank": args.rank,
+                **results,
+                "a_speedup": round(g["a_tokens_per_s"] / v["a_tokens_per_s"], 3),
+                "a_vs_base_grouped": round(g["a_tokens_per_s"] / g["base_tokens_per_s"], 3),
+                "a_vs_base_vllm": round(v["a_tokens_per_s"] / v["base_tokens_per_s"], 3),
+                "wall_s": round(time.time() - t0, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

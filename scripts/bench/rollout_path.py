@@ -74,19 +74,27 @@ def main() -> None:
         args.model, args.prompts, args.max_tokens, args.rounds = "tiny", 4, 8, 1
 
     # ignore_eos: every completion is max_tokens long on both sides, so tok/s compare like for like.
-    common = [f"model={args.model}", "task=chain_sum", f"sampling.max_tokens={args.max_tokens}",
-              f"sampling.temperature={args.temperature}", "sampling.ignore_eos=true",
-              f"engine.max_num_seqs={max(args.prompts, 8)}", f"rollout.concurrency={args.prompts}",
-              "rollout.group_size=1", "engine.cpu_cores=all", "ray.num_cpus=4"]
+    common = [
+        f"model={args.model}",
+        "task=chain_sum",
+        f"sampling.max_tokens={args.max_tokens}",
+        f"sampling.temperature={args.temperature}",
+        "sampling.ignore_eos=true",
+        f"engine.max_num_seqs={max(args.prompts, 8)}",
+        f"rollout.concurrency={args.prompts}",
+        "rollout.group_size=1",
+        "engine.cpu_cores=all",
+        "ray.num_cpus=4",
+    ]
     cfg = compose("generate", ["harness=single_turn", *common])
     gateway_cfg, own_client_cfg = (
         compose("generate", ["harness=openai_agent", f"harness.options.agent=harnesses.one_call_agents.{fn}", *common])
-        for fn in ("one_call", "one_call_own_client"))
+        for fn in ("one_call", "one_call_own_client")
+    )
     model_path = resolve_model(cfg.model.name, cfg.model.path)
     fmt = ChatFormat.from_pretrained(model_path)
     tasks = make_task_source(cfg.task, cfg.seed)
-    prompts = [fmt.render([{"role": "user", "content": tasks.train_task(i).prompt}])
-               for i in range(args.prompts)]
+    prompts = [fmt.render([{"role": "user", "content": tasks.train_task(i).prompt}]) for i in range(args.prompts)]
 
     vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
     # the gateway sides (the same path as far as the engine sees it); --quick keeps one
@@ -97,24 +105,43 @@ def main() -> None:
         return max(r["tokens"] / r["seconds"] for r in rounds)
 
     def paired(rounds):  # each round against the path's round of the same turn: the drift-free ratio
-        return statistics.median((g["tokens"] / g["seconds"]) / (p["tokens"] / p["seconds"])
-                                 for p, g in zip(paths["path"], rounds))
+        return statistics.median(
+            (g["tokens"] / g["seconds"]) / (p["tokens"] / p["seconds"]) for p, g in zip(paths["path"], rounds)
+        )
 
     vllm_tps, path_tps = best(vllm_rounds), best(paths["path"])
     print(f"vLLM generate:    {vllm_tps:8.1f} generated tok/s  rounds={vllm_rounds}")
-    print(f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={paths['path']}  "
-          f"ratio path/vllm: {path_tps / vllm_tps:.3f}")
-    result = {"bench": "rollout_path", "quick": args.quick, "model": args.model, "prompts": args.prompts,
-              "max_tokens": args.max_tokens, "vllm_tok_s": round(vllm_tps, 1),
-              "path_tok_s": round(path_tps, 1), "ratio": round(path_tps / vllm_tps, 3),
-              "vllm_rounds": vllm_rounds, "path_rounds": paths["path"]}
+    print(
+        f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={paths['path']}  "
+        f"ratio path/vllm: {path_tps / vllm_tps:.3f}"
+    )
+    result = {
+        "bench": "rollout_path",
+        "quick": args.quick,
+        "model": args.model,
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "vllm_tok_s": round(vllm_tps, 1),
+        "path_tok_s": round(path_tps, 1),
+        "ratio": round(path_tps / vllm_tps, 3),
+        "vllm_rounds": vllm_rounds,
+        "path_rounds": paths["path"],
+    }
     for side in sdk:  # own_client: an SDK client built per episode
-        print(f"worker->openai SDK->gateway->engine ({side}): {best(paths[side]):8.1f} generated tok/s  "
-              f"rounds={paths[side]}  over path: {paired(paths[side]):.3f} (median of paired rounds)")
-        result.update({f"{side}_tok_s": round(best(paths[side]), 1),
-                       f"{side}_over_path_paired": round(paired(paths[side]), 3), f"{side}_rounds": paths[side]})
+        print(
+            f"worker->openai SDK->gateway->engine ({side}): {best(paths[side]):8.1f} generated tok/s  "
+            f"rounds={paths[side]}  over path: {paired(paths[side]):.3f} (median of paired rounds)"
+        )
+        result.update(
+            {
+                f"{side}_tok_s": round(best(paths[side]), 1),
+                f"{side}_over_path_paired": round(paired(paths[side]), 3),
+                f"{side}_rounds": paths[side],
+            }
+        )
     result["gateway_over_path"] = round(best(paths["gateway"]) / path_tps, 3)  # best rounds
     print(json.dumps(result))
+
 
 if __name__ == "__main__":
     setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)

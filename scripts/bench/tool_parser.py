@@ -19,8 +19,9 @@ from rollout.agents.tool_calls import parse_tool_calls
 from rollout.log import setup_logging
 
 _OLD = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-NORMAL = ('Let me compute that.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n'
-          "</tool_call>")
+NORMAL = (
+    'Let me compute that.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n</tool_call>'
+)
 
 
 def best_ms(fn, repeats: int) -> float:
@@ -38,14 +39,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats; the old regex on 1,000 spaces only")
     args = parser.parse_args()
     repeats = 3 if args.quick else 10
-    inputs = {"spaces_100k": "<tool_call>" + " " * 100_000, "newlines_100k": "<tool_call>" + "\n" * 100_000,
-              "padded_call_100k": "<tool_call>" + " " * 50_000 + NORMAL.split("\n")[2] + " " * 50_000 + "</tool_call>",
-              "unclosed_10k": "<tool_call>" * 10_000, "normal": NORMAL}
-    result = {"new_ms": {name: best_ms(lambda t=text: parse_tool_calls(t, "s", 0), repeats)
-                         for name, text in inputs.items()}}
+    inputs = {
+        "spaces_100k": "<tool_call>" + " " * 100_000,
+        "newlines_100k": "<tool_call>" + "\n" * 100_000,
+        "padded_call_100k": "<tool_call>" + " " * 50_000 + NORMAL.split("\n")[2] + " " * 50_000 + "</tool_call>",
+        "unclosed_10k": "<tool_call>" * 10_000,
+        "normal": NORMAL,
+    }
+    result = {
+        "new_ms": {name: best_ms(lambda t=text: parse_tool_calls(t, "s", 0), repeats) for name, text in inputs.items()}
+    }
     assert parse_tool_calls(NORMAL, "s", 0)[1][0]["name"] == "calculator"
-    result["old_regex_ms"] = {f"spaces_{n}": best_ms(lambda n=n: list(_OLD.finditer("<tool_call>" + " " * n)), 1)
-                              for n in ((1000,) if args.quick else (1000, 2000))}
+    result["old_regex_ms"] = {
+        f"spaces_{n}": best_ms(lambda n=n: list(_OLD.finditer("<tool_call>" + " " * n)), 1)
+        for n in ((1000,) if args.quick else (1000, 2000))
+    }
     result["goal_met"] = result["new_ms"]["spaces_100k"] < 50
     for name, ms in result["new_ms"].items():
         print(f"new parser   {name:>14}: {ms:10.3f} ms")

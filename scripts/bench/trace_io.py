@@ -29,12 +29,27 @@ def synthetic_trace(rng: random.Random, i: int) -> Trace:
     seqs = []
     for k, agent in enumerate(("solver", "verifier", "solver")):
         completion = [rng.randrange(49152) for _ in range(60)]
-        seqs.append(Sequence(prompt, completion, [-rng.random() * 5 for _ in completion], agent, "main", 3,
-                             parent=0 if k == 2 else None))
+        seqs.append(
+            Sequence(
+                prompt,
+                completion,
+                [-rng.random() * 5 for _ in completion],
+                agent,
+                "main",
+                3,
+                parent=0 if k == 2 else None,
+            )
+        )
         prompt = prompt + completion + [rng.randrange(49152) for _ in range(10)]
-    return Trace(f"t{i}", f"g{i // 8}", seqs, reward=float(i % 2), agent_rewards={"solver": 1.0, "verifier": 0.0},
-                 info={"task": f"chain_sum/train/{i // 8}", "worker": 0},
-                 timings={"start": 1.0, "end": 2.5, "duration_s": 1.5})
+    return Trace(
+        f"t{i}",
+        f"g{i // 8}",
+        seqs,
+        reward=float(i % 2),
+        agent_rewards={"solver": 1.0, "verifier": 0.0},
+        info={"task": f"chain_sum/train/{i // 8}", "worker": 0},
+        timings={"start": 1.0, "end": 2.5, "duration_s": 1.5},
+    )
 
 
 def best_of(rounds: int, fn) -> float:
@@ -75,12 +90,25 @@ def main() -> None:
                     json.loads(line)
 
         parse_s = best_of(args.rounds, parse)
-    print(f"{n} traces, {mb:.1f} MB: write {write_s:.2f}s, load {load_s:.2f}s ({mb / load_s:.1f} MB/s), "
-          f"json.loads alone {parse_s:.2f}s")
-    print(json.dumps({"bench": "trace_io", "quick": args.quick, "traces": n, "mb": round(mb, 1),
-                      "write_s": round(write_s, 2),
-                      "load_s": round(load_s, 2), "load_mb_per_s": round(mb / load_s, 1),
-                      "json_parse_s": round(parse_s, 2), "load_over_json_parse": round(load_s / parse_s, 2)}))
+    print(
+        f"{n} traces, {mb:.1f} MB: write {write_s:.2f}s, load {load_s:.2f}s ({mb / load_s:.1f} MB/s), "
+        f"json.loads alone {parse_s:.2f}s"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "trace_io",
+                "quick": args.quick,
+                "traces": n,
+                "mb": round(mb, 1),
+                "write_s": round(write_s, 2),
+                "load_s": round(load_s, 2),
+                "load_mb_per_s": round(mb / load_s, 1),
+                "json_parse_s": round(parse_s, 2),
+                "load_over_json_parse": round(load_s / parse_s, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

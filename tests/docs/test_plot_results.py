@@ -31,8 +31,13 @@ def test_plot_results_writes_a_png_per_run(tmp_path):
     for run in RESULTS.glob("*/metrics.jsonl"):
         (tmp_path / run.parent.name).mkdir()
         shutil.copy(run, tmp_path / run.parent.name / "metrics.jsonl")
-    proc = subprocess.run([sys.executable, "scripts/plot_results.py", "--results", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "scripts/plot_results.py", "--results", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     pngs = sorted(tmp_path.glob("*/curves.png"))
     assert len(pngs) == len(list(RESULTS.glob("*/metrics.jsonl")))

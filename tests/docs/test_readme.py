@@ -68,5 +68,9 @@ def test_readme_harness_with_two_roles_and_a_frozen_third_trains(tmp_path):
 
     trace = next(read_jsonl(run / "eval" / "step_3.jsonl"))
     assert [(s.agent, s.policy, s.trainable) for s in trace.sequences] == [
-        ("coach", "frozen", False), ("solver", "main", True), ("critic", "main", True), ("solver", "main", True)]
+        ("coach", "frozen", False),
+        ("solver", "main", True),
+        ("critic", "main", True),
+        ("solver", "main", True),
+    ]
     assert trace.sequences[3].parent == 1  # the solver's second turn continues its first: one row

@@ -50,8 +50,9 @@ def write(path: Path, items: list[dict]) -> Path:
 
 
 def source(path, eval_size=8, **params) -> FileTasks:
-    return FileTasks("t", {"path": str(path), "question_field": "q", "answer_field": "a", **params},
-                     eval_size=eval_size)
+    return FileTasks(
+        "t", {"path": str(path), "question_field": "q", "answer_field": "a", **params}, eval_size=eval_size
+    )
 
 
 def train_questions(src: FileTasks) -> set[str]:
@@ -69,8 +70,17 @@ def test_every_format_reads_the_same_items(tmp_path, suffix):
 
 
 def test_a_saved_hf_dataset_folder_reads_with_its_field_names():
-    src = FileTasks("hf", {"path": str(HF_FOLDER), "question_field": "problem", "answer_field": "solution",
-                           "metadata_fields": ["level"], "verifier": "numeric"}, eval_size=8)
+    src = FileTasks(
+        "hf",
+        {
+            "path": str(HF_FOLDER),
+            "question_field": "problem",
+            "answer_field": "solution",
+            "metadata_fields": ["level"],
+            "verifier": "numeric",
+        },
+        eval_size=8,
+    )
     assert len(src) == 64 - 8 and len(src.eval_tasks()) == 8
     task = src.train_task(0)
     a, b = map(int, task.question.removeprefix("What is ").removesuffix("?").split(" + "))
@@ -84,10 +94,12 @@ def test_held_out_questions_are_never_trained_on_and_duplicates_collapse(tmp_pat
     held = {normalize_question(t.question) for t in src.eval_tasks()}
     assert len(held) == 10 and len(src) == 20, "60 rows are 30 questions: 10 held out, 20 to train on"
     assert train_questions(src) == {normalize_question(r["q"]) for r in rows(30)} - held
-    assert [t.question for t in source(tmp_path / "d.jsonl", eval_size=10).eval_tasks()] == \
-           [t.question for t in src.eval_tasks()], "the held-out set is the same every time"
-    other = FileTasks("t", {"path": str(tmp_path / "d.jsonl"), "question_field": "q", "answer_field": "a"},
-                      eval_size=10, eval_seed=7)
+    assert [t.question for t in source(tmp_path / "d.jsonl", eval_size=10).eval_tasks()] == [
+        t.question for t in src.eval_tasks()
+    ], "the held-out set is the same every time"
+    other = FileTasks(
+        "t", {"path": str(tmp_path / "d.jsonl"), "question_field": "q", "answer_field": "a"}, eval_size=10, eval_seed=7
+    )
     assert {normalize_question(t.question) for t in other.eval_tasks()} != held
 
 
@@ -100,11 +112,17 @@ def test_an_eval_file_is_the_held_out_set_and_its_questions_leave_training(tmp_p
 
 
 def test_template_metadata_and_instruction_make_the_prompt(tmp_path):
-    src = source(write(tmp_path / "d.jsonl", rows()), template='Level {level}: {question} {"json": 1}',
-                 metadata_fields=["level"], verifier="numeric")
+    src = source(
+        write(tmp_path / "d.jsonl", rows()),
+        template='Level {level}: {question} {"json": 1}',
+        metadata_fields=["level"],
+        verifier="numeric",
+    )
     task = src.train_task(0)
-    assert task.prompt == (f'Level {task.metadata["level"]}: {task.question} {{"json": 1}}\n'
-                           "Give the final answer as <answer>NUMBER</answer>.")
+    assert task.prompt == (
+        f'Level {task.metadata["level"]}: {task.question} {{"json": 1}}\n'
+        "Give the final answer as <answer>NUMBER</answer>."
+    )
     with pytest.raises(ValueError, match=r"placeholder \{grade\} is neither question"):
         source(tmp_path / "d.jsonl", template="{grade}: {question}")
 
@@ -118,11 +136,24 @@ def test_the_preset_states_the_dataclass_defaults():
 
 # ---- each bad file: a named error from the start-up check, before Ray ------------------------
 
+
 def run_check(tmp_path, path, *overrides):
-    cfg = compose("train", ["experiment=smoke", "task=file", "task._target_=harnesses.file_tasks.FileTasks",
-                            "task.name=mine", f"task.params.path={path}", "task.params.question_field=q",
-                            "task.params.answer_field=a", "task.eval_size=8", "eval.size=8",
-                            f"run_dir={tmp_path / 'run'}", *overrides])
+    cfg = compose(
+        "train",
+        [
+            "experiment=smoke",
+            "task=file",
+            "task._target_=harnesses.file_tasks.FileTasks",
+            "task.name=mine",
+            f"task.params.path={path}",
+            "task.params.question_field=q",
+            "task.params.answer_field=a",
+            "task.eval_size=8",
+            "eval.size=8",
+            f"run_dir={tmp_path / 'run'}",
+            *overrides,
+        ],
+    )
     check(cfg)
 
 
@@ -133,8 +164,11 @@ def test_a_missing_file_is_named(tmp_path):
 
 def test_a_missing_field_is_named_with_the_fields_found(tmp_path):
     path = write(tmp_path / "d.jsonl", [{"question": "1+1", "a": "2", "level": 1}] * 3)
-    with pytest.raises(ValueError, match=r"task.params.question_field: .* has no field 'q' in row 0 "
-                                         r"\(fields found: a, level, question\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"task.params.question_field: .* has no field 'q' in row 0 "
+        r"\(fields found: a, level, question\)",
+    ):
         run_check(tmp_path, path)
     with pytest.raises(ValueError, match=r"task.params.metadata_fields: .* no field 'grade'"):
         run_check(tmp_path, write(tmp_path / "e.jsonl", rows()), "+task.params.metadata_fields=[grade]")
@@ -155,8 +189,11 @@ def test_duplicate_only_data_is_named(tmp_path):
 
 def test_too_few_distinct_items_for_the_eval_size_is_named(tmp_path):
     path = write(tmp_path / "d.jsonl", rows(8) * 3)  # 24 rows, 8 questions: 8 held out leave none
-    with pytest.raises(ValueError, match=r"has 8 distinct questions, fewer than the 9 needed \(task.eval_size=8 "
-                                         r"held out, plus one to train on\); lower task.eval_size"):
+    with pytest.raises(
+        ValueError,
+        match=r"has 8 distinct questions, fewer than the 9 needed \(task.eval_size=8 "
+        r"held out, plus one to train on\); lower task.eval_size",
+    ):
         run_check(tmp_path, path)
     write(tmp_path / "eval.jsonl", rows(4))
     with pytest.raises(ValueError, match=r"eval.jsonl has 4 distinct questions, fewer than the 8 needed"):
@@ -178,9 +215,21 @@ def test_a_datasetdict_folder_names_its_splits(tmp_path):
 
 
 def test_scripts_train_exits_with_the_error_before_ray_starts(tmp_path):
-    proc = subprocess.run([sys.executable, "scripts/train.py", "experiment=smoke", "task=file",
-                           "task._target_=harnesses.file_tasks.FileTasks", f"task.params.path={tmp_path}/no.jsonl",
-                           f"run_dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/train.py",
+            "experiment=smoke",
+            "task=file",
+            "task._target_=harnesses.file_tasks.FileTasks",
+            f"task.params.path={tmp_path}/no.jsonl",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "config error: task.params.path=" in proc.stderr and "no such file" in proc.stderr
     assert "Ray" not in proc.stdout + proc.stderr, "no Ray instance was started"

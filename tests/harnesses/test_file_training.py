@@ -33,12 +33,28 @@ def arith_rows() -> list[dict]:
 
 def run(tmp_path: Path, data: Path, verifier: str) -> tuple[dict, object]:
     """8 held out of 24 distinct questions; 2 steps of 8 groups draw all 16 others."""
-    cfg = compose("train", [
-        "experiment=smoke", "task=file", "task._target_=harnesses.file_tasks.FileTasks", "task.name=arith",
-        f"task.params.path={data}", f"task.params.verifier={verifier}", "+task.params.metadata_fields=[terms]",
-        "task.eval_size=8", "eval.size=8", f"trainer.steps={STEPS}", f"trainer.groups_per_step={GROUPS}",
-        "trainer.eval_every=0", "trainer.rollouts_every=1", "rollout.group_size=4", "learner.world_size=1",
-        "sampling.max_tokens=8", f"run_dir={tmp_path / 'run'}"])
+    cfg = compose(
+        "train",
+        [
+            "experiment=smoke",
+            "task=file",
+            "task._target_=harnesses.file_tasks.FileTasks",
+            "task.name=arith",
+            f"task.params.path={data}",
+            f"task.params.verifier={verifier}",
+            "+task.params.metadata_fields=[terms]",
+            "task.eval_size=8",
+            "eval.size=8",
+            f"trainer.steps={STEPS}",
+            f"trainer.groups_per_step={GROUPS}",
+            "trainer.eval_every=0",
+            "trainer.rollouts_every=1",
+            "rollout.group_size=4",
+            "learner.world_size=1",
+            "sampling.max_tokens=8",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+    )
     return train(cfg), cfg
 
 

@@ -14,7 +14,7 @@ def text(tok, ids):
 def extends(seq, earlier):
     """Whether `seq`'s prompt continues `earlier` exactly (prompt + completion)."""
     head = earlier.prompt_ids + earlier.completion_ids
-    return seq.prompt_ids[:len(head)] == head
+    return seq.prompt_ids[: len(head)] == head
 
 
 def merged_rows(seqs, reward=1.0):
@@ -34,14 +34,13 @@ def test_single_turn_shape(run_harness, tiny_tokenizer):
 
 @pytest.mark.integration
 def test_solver_verifier_shape(run_harness, tiny_tokenizer):
-    task, seqs, result = run_harness("harnesses.solver_verifier.solver_verifier",
-                             ["solver", "verifier"])
+    task, seqs, result = run_harness("harnesses.solver_verifier.solver_verifier", ["solver", "verifier"])
     assert [s.agent for s in seqs] == ["solver", "verifier", "solver"]
     assert [s.parent for s in seqs] == [None, None, 0]
     draft, critique, final = seqs
     head = draft.prompt_ids + draft.completion_ids
-    assert final.prompt_ids[:len(head)] == head, "the revision continues the solver's conversation"
-    assert critique.prompt_ids[:len(head)] != head, "the verifier starts from a fresh context"
+    assert final.prompt_ids[: len(head)] == head, "the revision continues the solver's conversation"
+    assert critique.prompt_ids[: len(head)] != head, "the verifier starts from a fresh context"
     draft_text = tiny_tokenizer.decode(draft.completion_ids, skip_special_tokens=True)
     assert draft_text.strip() in tiny_tokenizer.decode(critique.prompt_ids), "the verifier sees the draft"
     assert isinstance(result, HarnessResult)
@@ -67,8 +66,9 @@ def test_as_result_rejects_bad_values():
 
 @pytest.mark.integration
 def test_solver_verifier_corrector_shape(run_harness, tiny_tokenizer):
-    task, seqs, result = run_harness("harnesses.solver_verifier_corrector.solver_verifier_corrector",
-                             ["solver", "verifier", "corrector"], rounds=3)
+    task, seqs, result = run_harness(
+        "harnesses.solver_verifier_corrector.solver_verifier_corrector", ["solver", "verifier", "corrector"], rounds=3
+    )
     verdicts = result.info["accepted"]
     assert 1 <= result.info["rounds"] == len(verdicts) <= 3
     expected = ["solver"]
@@ -97,9 +97,14 @@ def test_verdict_parsing():
 
 @pytest.mark.integration
 def test_debate_shape_with_frozen_judge(run_harness, tiny_tokenizer):
-    task, seqs, result = run_harness("harnesses.debate.debate",
-                             ["debater_a", "debater_b", "judge"], frozen={"judge"},
-                             debaters=2, rounds=2, per_debater_rewards=True)
+    task, seqs, result = run_harness(
+        "harnesses.debate.debate",
+        ["debater_a", "debater_b", "judge"],
+        frozen={"judge"},
+        debaters=2,
+        rounds=2,
+        per_debater_rewards=True,
+    )
     assert [s.agent for s in seqs][-1] == "judge" and len(seqs) == 2 * 2 + 1
     by_role = {r: [i for i, s in enumerate(seqs) if s.agent == r] for r in ("debater_a", "debater_b")}
     for role, (first, second) in by_role.items():
@@ -116,14 +121,16 @@ def test_debate_shape_with_frozen_judge(run_harness, tiny_tokenizer):
     assert set(result.agent_rewards) == {"debater_a", "debater_b", "judge"}
     for role, (_, last) in by_role.items():
         assert result.agent_rewards[role] == task.score(text(tiny_tokenizer, seqs[last].completion_ids))
-    assert sorted(map(sorted, merged_rows(seqs))) == sorted(map(sorted, by_role.values())), \
+    assert sorted(map(sorted, merged_rows(seqs))) == sorted(map(sorted, by_role.values())), (
         "one row per debater; the frozen judge makes none"
+    )
 
 
 @pytest.mark.integration
 def test_orchestrator_shape(run_harness, tiny_tokenizer):
-    task, seqs, result = run_harness("harnesses.orchestrator.orchestrator",
-                             ["orchestrator", "subagent"], max_subagents=3)
+    task, seqs, result = run_harness(
+        "harnesses.orchestrator.orchestrator", ["orchestrator", "subagent"], max_subagents=3
+    )
     k = result.info["subagents"]
     assert 1 <= k <= 3
     assert [s.agent for s in seqs] == ["orchestrator"] + ["subagent"] * k + ["orchestrator"]
@@ -147,8 +154,9 @@ def test_orchestrator_plan_parsing():
 
 @pytest.mark.integration
 def test_compaction_shape(run_harness, tiny_tokenizer):
-    task, seqs, result = run_harness("harnesses.compaction.compaction", ["solver"],
-                             budget_tokens=400, max_steps=8, reply_tokens=16)
+    task, seqs, result = run_harness(
+        "harnesses.compaction.compaction", ["solver"], budget_tokens=400, max_steps=8, reply_tokens=16
+    )
     c = result.info["compactions"]
     assert c >= 1, "a 400-token budget with 8 steps of 16 tokens must compact"
     starts = [i for i, s in enumerate(seqs) if s.parent is None]
@@ -177,15 +185,17 @@ def test_selfplay_shape(run_harness, tiny_tokenizer):
         if s.parent is not None:
             assert extends(s, seqs[s.parent])
     winner = result.info["winner"]
-    moved = ("player_a", "player_b")[:min(m, 2)]  # player_b never moves if player_a forfeits at once
+    moved = ("player_a", "player_b")[: min(m, 2)]  # player_b never moves if player_a forfeits at once
     assert result.agent_rewards == {r: 1.0 if r == winner else -1.0 for r in moved}
     assert result.reward == 0.0
-    assert sorted(map(sorted, merged_rows(seqs))) == sorted([list(range(0, m, 2)), list(range(1, m, 2))][:min(m, 2)])
+    assert sorted(map(sorted, merged_rows(seqs))) == sorted([list(range(0, m, 2)), list(range(1, m, 2))][: min(m, 2)])
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("reply,stones,move", [("2", 5, 2), ("I take 3 stones", 5, 3), ("4", 9, None),
-                                               ("3", 2, None), ("none", 5, None), ("0", 5, None)])
+@pytest.mark.parametrize(
+    "reply,stones,move",
+    [("2", 5, 2), ("I take 3 stones", 5, 3), ("4", 9, None), ("3", 2, None), ("none", 5, None), ("0", 5, None)],
+)
 def test_selfplay_move_parsing(reply, stones, move):
     from harnesses.selfplay import parse_move
 
@@ -204,8 +214,9 @@ def test_readme_harness_example_runs(run_harness, tiny_tokenizer, tmp_path, monk
     (tmp_path / "readme_harness.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("readme_harness", None)
-    task, seqs, result = run_harness("readme_harness.propose_and_critique", ["proposer", "critic"],
-                             frozen={"critic"}, rounds=2)
+    task, seqs, result = run_harness(
+        "readme_harness.propose_and_critique", ["proposer", "critic"], frozen={"critic"}, rounds=2
+    )
     assert seqs[0].agent == "proposer" and seqs[1].agent == "critic" and not seqs[1].trainable
     assert set(result.agent_rewards) == {"proposer", "critic"}
     proposer = [s for s in seqs if s.agent == "proposer"]

@@ -21,27 +21,38 @@ def verdict(reply: str, **options) -> tuple[float, list[str]]:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("reply, reward", [
-    ("It matches. <answer>yes</answer>", 1.0), ("<answer> YES. </answer>", 1.0), ("<answer>no</answer>", 0.0),
-    ("<answer>no</answer> wait <answer>yes</answer>", 1.0),  # the last tag rules
-    ("Yes, it does.", 1.0), ("  no", 0.0), ("No. <answer>yes</answer>", 1.0),  # untagged: the first word
-])
+@pytest.mark.parametrize(
+    "reply, reward",
+    [
+        ("It matches. <answer>yes</answer>", 1.0),
+        ("<answer> YES. </answer>", 1.0),
+        ("<answer>no</answer>", 0.0),
+        ("<answer>no</answer> wait <answer>yes</answer>", 1.0),  # the last tag rules
+        ("Yes, it does.", 1.0),
+        ("  no", 0.0),
+        ("No. <answer>yes</answer>", 1.0),  # untagged: the first word
+    ],
+)
 def test_yes_no_verdicts(reply, reward):
     assert verdict(reply) == (reward, [])
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("reply, options, why", [
-    ("yes", {"first_word": False}, "no <answer> tag"),
-    ("Yesterday it was 3", {}, "no <answer> tag"), ("The answer is yes", {}, "no <answer> tag"),
-    ("<answer>maybe</answer>", {}, "neither yes nor no"),
-    ("<answer>" + "yes " * 50 + "</answer>", {}, "the limit is 20"),
-    ("<answer>9**9**9</answer>", {"verdict": "score"}, "not a number"),
-    ("<answer>11</answer>", {"verdict": "score"}, "not a number in [0, 10.0]"),
-    ("<answer>-1</answer>", {"verdict": "score"}, "not a number in [0, 10.0]"),
-    ("<answer>1e3</answer>", {"verdict": "score"}, "not a number"),
-    ("<answer>" * 50_000, {}, "no <answer> tag"),
-])
+@pytest.mark.parametrize(
+    "reply, options, why",
+    [
+        ("yes", {"first_word": False}, "no <answer> tag"),
+        ("Yesterday it was 3", {}, "no <answer> tag"),
+        ("The answer is yes", {}, "no <answer> tag"),
+        ("<answer>maybe</answer>", {}, "neither yes nor no"),
+        ("<answer>" + "yes " * 50 + "</answer>", {}, "the limit is 20"),
+        ("<answer>9**9**9</answer>", {"verdict": "score"}, "not a number"),
+        ("<answer>11</answer>", {"verdict": "score"}, "not a number in [0, 10.0]"),
+        ("<answer>-1</answer>", {"verdict": "score"}, "not a number in [0, 10.0]"),
+        ("<answer>1e3</answer>", {"verdict": "score"}, "not a number"),
+        ("<answer>" * 50_000, {}, "no <answer> tag"),
+    ],
+)
 def test_refused_verdicts_score_zero_and_say_why(reply, options, why):
     reward, notes = verdict(reply, **options)
     assert reward == 0.0 and len(notes) == 1 and why in notes[0] and "judge verdict refused" in notes[0], notes
@@ -54,10 +65,16 @@ def test_score_verdicts_scale_to_one():
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("options, message", [
-    ({"verdict": "maybe"}, "verdict='maybe'"), ({"template": "Judge {question}"}, "no {answer} placeholder"),
-    ({"agent": ""}, "agent is empty"), ({"max_tokens": 0}, "max_tokens=0"), ({"judge_model": "x"}, "judge_model"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"verdict": "maybe"}, "verdict='maybe'"),
+        ({"template": "Judge {question}"}, "no {answer} placeholder"),
+        ({"agent": ""}, "agent is empty"),
+        ({"max_tokens": 0}, "max_tokens=0"),
+        ({"judge_model": "x"}, "judge_model"),
+    ],
+)
 def test_bad_judge_options_are_named(options, message):
     with pytest.raises(ValueError, match="task.params.verifier") as e:
         make_verifier("judge", options)
@@ -93,15 +110,18 @@ def run_worker_eval(engine, tiny_path, options: dict, items: int = 4):
     params = {"path": str(ROOT / "examples" / "arith.jsonl"), "verifier": "judge", "verifier_options": options}
     cfg = GenerateJobConfig(
         harness=HarnessConfig(_target_="harnesses.single_turn.single_turn", name="single_turn", roles=["solver"]),
-        agents={"solver": "main", "judge": "frozen"}, rollout=RolloutConfig(concurrency=8, timeout_s=60),
+        agents={"solver": "main", "judge": "frozen"},
+        rollout=RolloutConfig(concurrency=8, timeout_s=60),
         task=TaskConfig(_target_="harnesses.file_tasks.FileTasks", name="arith", params=params, eval_size=items),
-        sampling=SamplingConfig(max_tokens=12))
+        sampling=SamplingConfig(max_tokens=12),
+    )
     policies = {"main": [engine], "frozen": [engine]}
     buffer = spawn_buffer(1, {p: 512 for p in policies})
     [worker] = spawn_workers(cfg, policies, {p: tiny_path for p in policies}, buffer)
     try:
-        return ray.get(worker.evaluate.remote(list(range(items)), SamplingConfig(temperature=0.0, max_tokens=12)),
-                       timeout=120)
+        return ray.get(
+            worker.evaluate.remote(list(range(items)), SamplingConfig(temperature=0.0, max_tokens=12)), timeout=120
+        )
     finally:
         ray.kill(worker)
         ray.kill(buffer)

@@ -21,6 +21,7 @@ MARKER = "TRACERL_SANDBOX_TEST_MARKER"
 
 # ---- helpers the child runs (module-level: pickled by name) ------------------------------
 
+
 def child_environment() -> dict:
     return dict(os.environ)
 
@@ -84,6 +85,7 @@ def python_path() -> list:
 
 
 # ---- tests -------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def box():

@@ -153,8 +153,9 @@ def test_eval_tasks_held_out():
 def test_easy_params_held_out_by_content():
     # 2 one-digit terms: only 200 distinct questions. The held-out set takes 64 of them, all
     # different, and training never sees one of those (it skips to other items).
-    src = ReasoningGymTasks("chain_sum", params={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
-                            eval_size=64)
+    src = ReasoningGymTasks(
+        "chain_sum", params={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, eval_size=64
+    )
     evals = src.eval_tasks()
     questions = {normalize_question(t.question) for t in evals}
     assert len(questions) == 64
@@ -166,10 +167,14 @@ def test_easy_params_held_out_by_content():
 
 
 def test_an_eval_set_larger_than_the_question_space_is_refused():
-    src = ReasoningGymTasks("chain_sum", params={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
-                            eval_size=250)
-    with pytest.raises(ValueError, match=r"only 200 distinct questions in 12500 held-out draws, fewer than "
-                                         r"task.eval_size=250; lower task.eval_size"):
+    src = ReasoningGymTasks(
+        "chain_sum", params={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, eval_size=250
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"only 200 distinct questions in 12500 held-out draws, fewer than "
+        r"task.eval_size=250; lower task.eval_size",
+    ):
         src.eval_tasks()
 
 
@@ -245,8 +250,9 @@ def test_sources_share_the_task_source_constructor(cls):
     """Every source plugs in as task._target_ with TaskSource's keyword arguments."""
     assert issubclass(cls, TaskSource)
     assert load_task_source(f"{cls.__module__}.{cls.__name__}") is cls
-    src = cls(name="chain_sum", params=dict(EASY_CHAIN_SUM), instruction=None, size=50, eval_size=3,
-              eval_seed=1000003, seed=0)
+    src = cls(
+        name="chain_sum", params=dict(EASY_CHAIN_SUM), instruction=None, size=50, eval_size=3, eval_seed=1000003, seed=0
+    )
     assert len(src) == 50 and len(src.eval_tasks()) == 3
     assert src.train_task(51).id == src.train_task(1).id, "training indices wrap at size"
     task = src.train_task(7)

@@ -31,11 +31,21 @@ def test_gold_answers_score_one_and_wrong_ones_zero(name):
     assert score(v, "no answer here", GOLD[name]) == (0.0, [])
 
 
-@pytest.mark.parametrize("name, answer", [
-    ("exact", "  paris. "), ("numeric", "42.0000001"), ("numeric", "so it is 42"), ("math", "0.5"),
-    ("math", "\\frac{1}{2}"), ("math", "$\\dfrac{2}{4}$"), ("math", "(3 - 2) / (1 + 1)"),
-    ("regex", "12 apples"), ("choice", "(b)"), ("choice", "B."),
-])
+@pytest.mark.parametrize(
+    "name, answer",
+    [
+        ("exact", "  paris. "),
+        ("numeric", "42.0000001"),
+        ("numeric", "so it is 42"),
+        ("math", "0.5"),
+        ("math", "\\frac{1}{2}"),
+        ("math", "$\\dfrac{2}{4}$"),
+        ("math", "(3 - 2) / (1 + 1)"),
+        ("regex", "12 apples"),
+        ("choice", "(b)"),
+        ("choice", "B."),
+    ],
+)
 def test_equivalent_answers_score_one(name, answer):
     text = answer if answer.startswith("so") else f"<answer>{answer}</answer>"
     assert score(make_verifier(name, {}), text, GOLD[name]) == (1.0, [])
@@ -86,8 +96,9 @@ def test_a_regex_bomb_is_stopped_at_the_deadline():
     """(a|aa)+$ against 60 a's and a b backtracks through ~1.5e12 paths; the match is stopped."""
     v = make_verifier("regex", {"timeout_s": 0.05})
     value, notes = score(v, "<answer>" + "a" * 60 + "b</answer>", "(a|aa)+$")
-    assert value == 0.0 and notes == ["answer rejected: matching it ran past task.params.verifier_options."
-                                      "timeout_s=0.05"]
+    assert value == 0.0 and notes == [
+        "answer rejected: matching it ran past task.params.verifier_options.timeout_s=0.05"
+    ]
     assert score(v, "<answer>" + "a" * 60 + "</answer>", "(a|aa)+$")[0] == 1.0
 
 
@@ -103,24 +114,36 @@ def test_user_functions_run_in_a_sandbox_process_with_a_deadline():
         make_verifier("tests.harnesses.user_verifiers:out_of_range", {}).score("x", None, {})
 
 
-@pytest.mark.parametrize("spec, options, message", [
-    ("fuzzy", {}, r"task.params.verifier='fuzzy': one of exact, numeric, math, regex, choice, judge \(an LLM judge"),
-    ("tests.harnesses.nowhere:f", {}, r"task.params.verifier='tests.harnesses.nowhere.f' cannot be imported"),
-    ("tests.harnesses.user_verifiers:nothing", {}, r"cannot be imported: .* has no attribute 'nothing'"),
-    ("tests.harnesses.user_verifiers:two_arguments", {}, r"must take \(completion, answer, metadata\)"),
-    ("numeric", {"tolerance": 1}, r"verifier_options.tolerance is not an option of verifier 'numeric' "
-                                  r"\(its options: abs_tol, max_chars, rel_tol\)"),
-    ("numeric", {"abs_tol": -1}, r"abs_tol and rel_tol must be >= 0"),
-    ("choice", {"letters": "AB1"}, r"letters='AB1' must be distinct capital letters"),
-    ("regex", {"timeout_s": 0}, r"timeout_s=0 must be > 0"),
-])
+@pytest.mark.parametrize(
+    "spec, options, message",
+    [
+        (
+            "fuzzy",
+            {},
+            r"task.params.verifier='fuzzy': one of exact, numeric, math, regex, choice, judge \(an LLM judge",
+        ),
+        ("tests.harnesses.nowhere:f", {}, r"task.params.verifier='tests.harnesses.nowhere.f' cannot be imported"),
+        ("tests.harnesses.user_verifiers:nothing", {}, r"cannot be imported: .* has no attribute 'nothing'"),
+        ("tests.harnesses.user_verifiers:two_arguments", {}, r"must take \(completion, answer, metadata\)"),
+        (
+            "numeric",
+            {"tolerance": 1},
+            r"verifier_options.tolerance is not an option of verifier 'numeric' "
+            r"\(its options: abs_tol, max_chars, rel_tol\)",
+        ),
+        ("numeric", {"abs_tol": -1}, r"abs_tol and rel_tol must be >= 0"),
+        ("choice", {"letters": "AB1"}, r"letters='AB1' must be distinct capital letters"),
+        ("regex", {"timeout_s": 0}, r"timeout_s=0 must be > 0"),
+    ],
+)
 def test_bad_verifier_config_is_named(spec, options, message):
     with pytest.raises(ValueError, match=message):
         make_verifier(spec, options)
 
 
-@pytest.mark.parametrize("name, gold", [("numeric", "forty"), ("math", "x + 1"), ("math", "1/0"),
-                                        ("regex", "(unclosed"), ("choice", "E")])
+@pytest.mark.parametrize(
+    "name, gold", [("numeric", "forty"), ("math", "x + 1"), ("math", "1/0"), ("regex", "(unclosed"), ("choice", "E")]
+)
 def test_gold_answers_a_verifier_cannot_read_are_refused(name, gold):
     with pytest.raises(ValueError):
         make_verifier(name, {}).check_gold(gold)

@@ -25,9 +25,11 @@ from trainer.config import compose
 
 class Probe:
     def where(self) -> dict:
-        return {"gpu_ids": [str(i) for i in ray.get_gpu_ids()],
-                "resources": ray.get_runtime_context().get_assigned_resources(),
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {
+            "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+            "resources": ray.get_runtime_context().get_assigned_resources(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
 
 def main(overrides: list[str]) -> dict:
@@ -38,8 +40,10 @@ def main(overrides: list[str]) -> dict:
         return {"error": str(e)}
     probes = [(a.what, ray.remote(**a.options)(Probe).remote()) for a in cfg.asks() for _ in range(a.count)]
     placed = ray.get([p.where.remote() for _, p in probes], timeout=120)
-    return {"cluster": ray.cluster_resources().get("GPU", 0.0),
-            "probes": [{"what": what, **w} for (what, _), w in zip(probes, placed)]}
+    return {
+        "cluster": ray.cluster_resources().get("GPU", 0.0),
+        "probes": [{"what": what, **w} for (what, _), w in zip(probes, placed)],
+    }
 
 
 if __name__ == "__main__":

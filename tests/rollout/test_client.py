@@ -13,8 +13,15 @@ from rollout.orchestration.router import Router
 
 def make_agent(engine, tok, role="solver", policy="main", recorder=None, max_tokens=12, trainable=True):
     recorder = recorder or TraceRecorder("trace-0")
-    return Agent(role, policy, Router([engine]), ChatFormat(tok), recorder,
-                 SamplingConfig(max_tokens=max_tokens), trainable=trainable), recorder
+    return Agent(
+        role,
+        policy,
+        Router([engine]),
+        ChatFormat(tok),
+        recorder,
+        SamplingConfig(max_tokens=max_tokens),
+        trainable=trainable,
+    ), recorder
 
 
 @pytest.mark.integration
@@ -34,16 +41,24 @@ def test_conversation_prompts_extend_previous_turns_exactly(engine, tiny_tokeniz
     assert len(seqs) == 3
     for earlier, later in zip(seqs, seqs[1:]):
         head = earlier.prompt_ids + earlier.completion_ids
-        assert later.prompt_ids[:len(head)] == head
+        assert later.prompt_ids[: len(head)] == head
         assert len(later.prompt_ids) > len(head)  # the new turns were appended as tokens
     assert [s.parent for s in seqs] == [None, 0, 1]
     assert len(seqs[2].completion_ids) <= 4
     # the appended turns are exactly what the chat template renders for them
-    tail = seqs[1].prompt_ids[len(seqs[0].prompt_ids) + len(seqs[0].completion_ids):]
+    tail = seqs[1].prompt_ids[len(seqs[0].prompt_ids) + len(seqs[0].completion_ids) :]
     text = tiny_tokenizer.decode(tail)
     assert "<|im_start|>tool\ncalculator: 4<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
-    assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "tool", "user",
-                                                  "assistant", "user", "assistant"]
+    assert [m["role"] for m in conv.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
 
 
 @pytest.mark.integration
@@ -60,7 +75,9 @@ def test_every_call_is_recorded_with_role_policy_version(engine, tiny_tokenizer)
     a, b = asyncio.run(run())
     assert isinstance(a, str) and isinstance(b, str)
     assert [(s.agent, s.policy, s.trainable) for s in rec.sequences] == [
-        ("solver", "main", True), ("judge", "frozen", False)]
+        ("solver", "main", True),
+        ("judge", "frozen", False),
+    ]
     version = ray.get(engine.info.remote())["version"]  # the shared engine's weights: no sync meanwhile
     assert all(s.version == version and len(s.logprobs) == len(s.completion_ids) for s in rec.sequences)
     assert tiny_tokenizer.decode(rec.sequences[1].prompt_ids).startswith("<|im_start|>system\nYou judge.")
@@ -77,8 +94,10 @@ def test_token_conversation_equals_template_rendering(model):
     fmt = ChatFormat(tok)
     msgs = [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "2+2?"}]
     ids = fmt.render(msgs)
-    for reply, nxt in [("It is 4.", {"role": "user", "content": "Sure?"}),
-                       ("Yes, 4.", {"role": "tool", "content": "ok"})]:
+    for reply, nxt in [
+        ("It is 4.", {"role": "user", "content": "Sure?"}),
+        ("Yes, 4.", {"role": "tool", "content": "ok"}),
+    ]:
         completion = fmt.encode(reply) + [tok.convert_tokens_to_ids("<|im_end|>")]
         msgs += [{"role": "assistant", "content": reply}, nxt]
         ids = ids + completion + fmt.continuation(ids + completion, [nxt])

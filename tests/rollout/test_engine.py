@@ -14,8 +14,7 @@ from tests.conftest import chat_prompt, hf_logprobs
 
 def perturbed(model, scale=0.05, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {k: (v + scale * torch.randn(v.shape, generator=g)).detach()
-            for k, v in model.named_parameters()}
+    return {k: (v + scale * torch.randn(v.shape, generator=g)).detach() for k, v in model.named_parameters()}
 
 
 @pytest.mark.integration
@@ -64,8 +63,11 @@ def check_update_weights(engine, model, tok):
     # restore: in two buckets, to exercise bucketed loads
     names = sorted(original)
     half = len(names) // 2
-    ray.get(engine.update_weights.remote(v0 + 2, [save({k: original[k] for k in names[:half]}),
-                                                 save({k: original[k] for k in names[half:]})]))
+    ray.get(
+        engine.update_weights.remote(
+            v0 + 2, [save({k: original[k] for k in names[:half]}), save({k: original[k] for k in names[half:]})]
+        )
+    )
     model.load_state_dict(original, strict=False)
     restored = torch.tensor(ray.get(engine.score.remote(prompt, c.completion_ids)))
     assert (restored - before).abs().max() < 1e-4
@@ -134,7 +136,8 @@ def test_cpu_cores_give_each_engine_its_share_of_the_cores(monkeypatch):
     assert bound(cpu_cores="0/2") == ",".join(map(str, cores[:half]))
     assert bound(cpu_cores="1/2") == ",".join(map(str, cores[half:]))
     assert bound(cpu_cores="all", tensor_parallel_size=2) == "|".join(
-        ",".join(map(str, part)) for part in (cores[:half], cores[half:2 * half]))
+        ",".join(map(str, part)) for part in (cores[:half], cores[half : 2 * half])
+    )
     assert bound(cpu_cores="0-1") == "0-1"
     assert bound(cpu_cores="all", num_gpus=1) is None  # the CUDA build binds nothing
     with pytest.raises(ValueError, match="cores for tensor_parallel_size=4"):
@@ -158,8 +161,11 @@ def test_a_request_past_its_deadline_is_aborted_and_named(engine, tiny_tokenizer
 
     prompt = chat_prompt(tiny_tokenizer)
     long = SamplingConfig(max_tokens=1000, ignore_eos=True)
-    with pytest.raises(EngineError, match=r"engine 0 of policy 'main' did not answer a request within "
-                                           r"engine.request_timeout_s=0.2"):
+    with pytest.raises(
+        EngineError,
+        match=r"engine 0 of policy 'main' did not answer a request within "
+        r"engine.request_timeout_s=0.2",
+    ):
         asyncio.run(Router([engine], "main", timeout_s=0.2).generate("trace-1", prompt, long))
     deadline = time.monotonic() + 10
     while ray.get(engine.info.remote())["active"] and time.monotonic() < deadline:
@@ -206,8 +212,11 @@ def test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals(ray_cl
     [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), cfg)}, stores=stores)["main"]
     try:
         pid = ray.get(e.info.remote(), timeout=60)["pid"]
-        cores = [p for p in psutil.Process(pid).children(recursive=True)
-                 if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+        cores = [
+            p
+            for p in psutil.Process(pid).children(recursive=True)
+            if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()
+        ]
         assert cores, "vLLM's engine core runs in a child process of the engine actor"
         for core in cores:
             core.kill()

@@ -26,8 +26,9 @@ class ThreadProbe:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        return SamplingParams(max_tokens=max_tokens, ignore_eos=True, detokenize=False,
-                              output_kind=RequestOutputKind.FINAL_ONLY)
+        return SamplingParams(
+            max_tokens=max_tokens, ignore_eos=True, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
+        )
 
     async def _final(self, request_id: str, max_tokens: int = LONG):
         async for out in self.llm.generate({"prompt_token_ids": [5, 6, 7]}, self._params(max_tokens), request_id):
@@ -50,8 +51,12 @@ class ThreadProbe:
         held_while_paused = not held.done()
         await self.llm.resume_generation()
         out = await asyncio.wait_for(held, 60)
-        return {"drained": drained, "held": held_while_paused, "held_tokens": len(out.outputs[0].token_ids),
-                "first_tokens": [len(f.result().outputs[0].token_ids) for f in first]}
+        return {
+            "drained": drained,
+            "held": held_while_paused,
+            "held_tokens": len(out.outputs[0].token_ids),
+            "first_tokens": [len(f.result().outputs[0].token_ids) for f in first],
+        }
 
     async def pause_keep(self) -> dict:
         task = asyncio.ensure_future(self._final("k0", 200))

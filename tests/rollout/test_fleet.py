@@ -18,8 +18,14 @@ from trainer.config import compose
 
 pytestmark = pytest.mark.e2e  # a fleet of its own (~30 s to start) whose engines and workers die
 
-FLEET = ["model=tiny", "engine.kv_cache_gb=0.25", "engine.num_cpus=0.5", "sampling.max_tokens=8",
-         "rollout.num_workers=2", "rollout.group_size=2"]
+FLEET = [
+    "model=tiny",
+    "engine.kv_cache_gb=0.25",
+    "engine.num_cpus=0.5",
+    "sampling.max_tokens=8",
+    "rollout.num_workers=2",
+    "rollout.group_size=2",
+]
 FLAKY = ["harness._target_=tests.rollout.flaky_harnesses.flaky", "harness.name=flaky", "rollout.timeout_s=5"]
 
 
@@ -32,8 +38,7 @@ def fleet(ray_cluster):
 def test_take_returns_complete_groups_of_the_submitted_tasks(fleet):
     fleet.submit([0, 1, 5])
     groups = fleet.take(3, timeout_s=120)
-    assert sorted(g[0].info["task"] for g in groups) == ["chain_sum/train/0", "chain_sum/train/1",
-                                                        "chain_sum/train/5"]
+    assert sorted(g[0].info["task"] for g in groups) == ["chain_sum/train/0", "chain_sum/train/1", "chain_sum/train/5"]
     for g in groups:
         assert len(g) == 2 and len({t.group for t in g}) == 1 and len({t.id for t in g}) == 2
     assert {t.info["worker"] for g in groups for t in g} == {0, 1}, "tasks are spread over both workers"
@@ -46,8 +51,9 @@ def test_evaluate_returns_held_out_traces_in_task_order(fleet):
     assert [t.info["task"] for t in traces] == [f"chain_sum/eval/{i}" for i in range(4)]
     assert [t.status == "failed" for t in traces] == [False, True, True, True], "1 raises, 2 hangs, 3 is NaN"
     again = fleet.evaluate(4, sampling, timeout_s=120)
-    assert again[0].sequences[0].completion_ids == traces[0].sequences[0].completion_ids, \
+    assert again[0].sequences[0].completion_ids == traces[0].sequences[0].completion_ids, (
         "greedy eval of the same weights is reproducible"
+    )
     with pytest.raises(TimeoutError, match="evaluation of 4 held-out tasks took longer than eval.timeout_s=1.0"):
         fleet.evaluate(4, sampling, timeout_s=1.0)  # task 2 hangs for rollout.timeout_s=5
 
@@ -64,6 +70,7 @@ def test_take_of_more_than_was_submitted_fails_at_once(fleet):
 
 def _break_the_next_step(engine) -> None:
     """Run inside the engine actor (`__ray_call__`): its vLLM engine core's next step raises."""
+
     def step():
         raise RuntimeError("injected: the engine core's step failed")
 

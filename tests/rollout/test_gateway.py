@@ -42,11 +42,19 @@ def gateway_run(engine, tiny_tokenizer):
             gateway = Gateway()
             await gateway.start()
             try:
+
                 async def one(k):
                     rec = TraceRecorder(f"gw-{k}")
-                    agent = Agent("solver", "main", backend or Router([engine]), fmt or tiny_format, rec,
-                                  SamplingConfig(temperature=temperature, max_tokens=max_tokens, **sampling), seed=3,
-                                  max_model_len=max_model_len)
+                    agent = Agent(
+                        "solver",
+                        "main",
+                        backend or Router([engine]),
+                        fmt or tiny_format,
+                        rec,
+                        SamplingConfig(temperature=temperature, max_tokens=max_tokens, **sampling),
+                        seed=3,
+                        max_model_len=max_model_len,
+                    )
                     with gateway.session({"solver": agent}) as s:
                         async with AsyncOpenAI(base_url=s.base_url("solver"), api_key=s.api_key, max_retries=0) as c:
                             result = await fn(s, c, k)
@@ -63,7 +71,7 @@ def gateway_run(engine, tiny_tokenizer):
 
 def assert_extends(earlier, later):
     head = earlier.prompt_ids + earlier.completion_ids
-    assert later.prompt_ids[:len(head)] == head and len(later.prompt_ids) > len(head)
+    assert later.prompt_ids[: len(head)] == head and len(later.prompt_ids) > len(head)
 
 
 @pytest.mark.integration
@@ -84,7 +92,8 @@ def test_example_agent_every_call_is_a_sequence_and_later_turns_extend_exactly(g
     first = tiny_tokenizer.decode(seqs[0].prompt_ids)
     assert SYSTEM in first and '"name": "calculator"' in first and question in first  # tools in the prompt
     assert tiny_tokenizer.decode(seqs[-1].prompt_ids).endswith(
-        "<|im_start|>user\nGive your final answer as <answer>...</answer>.<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>user\nGive your final answer as <answer>...</answer>.<|im_end|>\n<|im_start|>assistant\n"
+    )
     trace = Trace("t", "g", seqs, reward=1.0)
     [row] = build_rows([trace], [[1.0] * len(seqs)], token_weights([trace], "token"))
     assert row.input_ids == seqs[-1].prompt_ids + seqs[-1].completion_ids
@@ -114,18 +123,27 @@ def test_rows_equal_the_same_conversation_written_with_conversation(gateway_run,
 
     async def by_conversation():
         r = TraceRecorder("conv")
-        agent = Agent("solver", "main", Router([engine]), ChatFormat(tiny_tokenizer), r,
-                      SamplingConfig(temperature=0.0, max_tokens=8))
+        agent = Agent(
+            "solver",
+            "main",
+            Router([engine]),
+            ChatFormat(tiny_tokenizer),
+            r,
+            SamplingConfig(temperature=0.0, max_tokens=8),
+        )
         conv = agent.conversation(system="Be brief.")
         for text in ("Count to 3.", "And now turn 1?", "And now turn 2?"):
             await conv.reply(text)
         return r.sequences
 
     conv = asyncio.run(by_conversation())
-    assert [(s.prompt_ids, s.completion_ids, s.parent) for s in rec.sequences] == \
-        [(s.prompt_ids, s.completion_ids, s.parent) for s in conv]
-    rows = [build_rows([Trace("t", "g", seqs)], [[1.0] * 3], token_weights([Trace("t", "g", seqs)], "token"))
-            for seqs in (rec.sequences, conv)]
+    assert [(s.prompt_ids, s.completion_ids, s.parent) for s in rec.sequences] == [
+        (s.prompt_ids, s.completion_ids, s.parent) for s in conv
+    ]
+    rows = [
+        build_rows([Trace("t", "g", seqs)], [[1.0] * 3], token_weights([Trace("t", "g", seqs)], "token"))
+        for seqs in (rec.sequences, conv)
+    ]
     assert [(r.input_ids, r.weights) for r in rows[0]] == [(r.input_ids, r.weights) for r in rows[1]]
     assert len(rows[0]) == 1
 
@@ -143,8 +161,10 @@ def test_64_concurrent_sessions_on_one_gateway_never_mix(gateway_run, tiny_token
     async def ask(session, client, k):
         messages = [{"role": "user", "content": f"Question number {k}."}]
         r = await client.chat.completions.create(model="main", messages=messages, max_tokens=4)
-        messages += [{"role": "assistant", "content": r.choices[0].message.content},
-                     {"role": "user", "content": f"Again, number {k}."}]
+        messages += [
+            {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": f"Again, number {k}."},
+        ]
         r = await client.chat.completions.create(model="main", messages=messages, max_tokens=4, stream=True)
         return "".join([chunk.choices[0].delta.content or "" async for chunk in r if chunk.choices])
 
@@ -162,20 +182,33 @@ def test_64_concurrent_sessions_on_one_gateway_never_mix(gateway_run, tiny_token
 def test_unreproducible_sampling_is_refused_and_temperature_is_recorded(gateway_run):
     async def calls(session, client, k):
         refused = []
-        for extra in ({"top_p": 0.9}, {"logit_bias": {"5": 3}}, {"presence_penalty": 0.5},
-                      {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]},
-                      {"logprobs": True}, {"top_logprobs": 2, "logprobs": False}):
+        for extra in (
+            {"top_p": 0.9},
+            {"logit_bias": {"5": 3}},
+            {"presence_penalty": 0.5},
+            {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]},
+            {"logprobs": True},
+            {"top_logprobs": 2, "logprobs": False},
+        ):
             with pytest.raises(BadRequestError) as e:
-                await client.chat.completions.create(model="main", messages=[{"role": "user", "content": "hi"}],
-                                                     **extra)
+                await client.chat.completions.create(
+                    model="main", messages=[{"role": "user", "content": "hi"}], **extra
+                )
             refused.append(e.value.body)
-        await client.chat.completions.create(model="main", messages=[{"role": "user", "content": "hi"}],
-                                             temperature=1.0, max_tokens=3, top_p=1.0)
+        await client.chat.completions.create(
+            model="main", messages=[{"role": "user", "content": "hi"}], temperature=1.0, max_tokens=3, top_p=1.0
+        )
         return refused
 
     [(rec, _, refused)] = gateway_run(calls, temperature=0.7)
-    assert [b["param"] for b in refused] == ["top_p", "logit_bias", "presence_penalty", "tool_choice", "logprobs",
-                                             "top_logprobs"]  # logprobs: not answered as null (review L4)
+    assert [b["param"] for b in refused] == [
+        "top_p",
+        "logit_bias",
+        "presence_penalty",
+        "tool_choice",
+        "logprobs",
+        "top_logprobs",
+    ]  # logprobs: not answered as null (review L4)
     assert all("not supported" in b["message"] for b in refused)
     [seq] = rec.sequences
     assert seq.temperature == 1.0 and len(seq.completion_ids) <= 3
@@ -185,11 +218,13 @@ def test_unreproducible_sampling_is_refused_and_temperature_is_recorded(gateway_
 def test_a_client_that_leaves_has_its_generation_aborted(gateway_run, engine):
     """A client that disconnects mid-request (here: its own timeout) takes its generation with it:
     the engine aborts the request, and no sequence is recorded for an answer nobody read."""
+
     async def leave(session, client, k):
         before = await engine.info.remote()
         with pytest.raises(APITimeoutError):
             await client.with_options(timeout=0.5).chat.completions.create(
-                model="main", messages=[{"role": "user", "content": "hi"}], max_tokens=1900)
+                model="main", messages=[{"role": "user", "content": "hi"}], max_tokens=1900
+            )
         deadline = time.monotonic() + 10
         while (after := await engine.info.remote())["active"] and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -209,10 +244,15 @@ def test_tool_call_parsing():
 
 
 def tool_turn(k, expression, result):
-    call = {"id": f"c{k}", "type": "function",
-            "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}}
-    return [{"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": f"c{k}", "content": result}]
+    call = {
+        "id": f"c{k}",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
+    }
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{k}", "content": result},
+    ]
 
 
 @pytest.mark.e2e
@@ -231,11 +271,16 @@ def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, e
     path = resolve_model("smollm2_135m")
     [eng] = spawn_engines({"main": (path, ModelConfig(name="smollm2_135m"), engine_cfg)})["main"]
     fmt = ChatFormat.from_pretrained(path)
-    examples = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 12 + 30?"},
-                *tool_turn(1, "12 + 30", "42"), {"role": "assistant", "content": "<answer>42</answer>"},
-                {"role": "user", "content": "What is 7 * 8?"}, *tool_turn(2, "7 * 8", "56"),
-                {"role": "assistant", "content": "<answer>56</answer>"},
-                {"role": "user", "content": "What is 17 * 23?"}]
+    examples = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What is 12 + 30?"},
+        *tool_turn(1, "12 + 30", "42"),
+        {"role": "assistant", "content": "<answer>42</answer>"},
+        {"role": "user", "content": "What is 7 * 8?"},
+        *tool_turn(2, "7 * 8", "56"),
+        {"role": "assistant", "content": "<answer>56</answer>"},
+        {"role": "user", "content": "What is 17 * 23?"},
+    ]
 
     async def main():
         gateway = Gateway()
@@ -267,8 +312,8 @@ def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, e
     a, b = sequences
     assert session.fresh == 1 and session.extended == 1 and session.tool_calls == 1 and b.parent == 0
     head = a.prompt_ids + a.completion_ids
-    assert b.prompt_ids[:len(head)] == head
-    assert fmt.tok.decode(b.prompt_ids[len(head):]) == "\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"
+    assert b.prompt_ids[: len(head)] == head
+    assert fmt.tok.decode(b.prompt_ids[len(head) :]) == "\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"
     assert second.message.content is not None or second.message.tool_calls
 
 
@@ -276,9 +321,12 @@ def test_a_tool_call_round_trips_through_the_template_token_exact(ray_cluster, e
 def test_openai_agent_harness_runs_the_example_as_a_subprocess_in_a_worker(run_worker):
     """examples/calculator_agent.py as a program (task on stdin, answer on stdout) in a real
     RolloutWorker: every trace ok, with the agent's calls as its sequences, the answer scored."""
-    harness = HarnessConfig(_target_="harnesses.openai_agent.openai_agent", name="openai_agent", roles=["solver"],
-                            options={"command": f"python {ROOT / 'examples' / 'calculator_agent.py'}",
-                                     "timeout_s": 120.0})
+    harness = HarnessConfig(
+        _target_="harnesses.openai_agent.openai_agent",
+        name="openai_agent",
+        roles=["solver"],
+        options={"command": f"python {ROOT / 'examples' / 'calculator_agent.py'}", "timeout_s": 120.0},
+    )
     stats, groups, _ = run_worker(harness, {"solver": "main"}, n_tasks=2, timeout_s=150.0, max_tokens=12)
     traces = [t for g in groups for t in g]
     assert len(traces) == 4 and stats["traces_failed"] == 0, [t.error for t in traces]
@@ -292,16 +340,23 @@ def test_openai_agent_harness_runs_the_example_as_a_subprocess_in_a_worker(run_w
 @pytest.mark.integration
 def test_a_hanging_agent_command_is_killed_with_its_children_and_the_trace_fails(run_worker, tmp_path):
     pids = tmp_path / "pids"
-    hang = (f"import os, subprocess, time; child = subprocess.Popen(['sleep', '300']); "
-            f"open({str(pids)!r} + str(os.getpid()), 'w').write(str(child.pid)); time.sleep(300)")
-    harness = HarnessConfig(_target_="harnesses.openai_agent.openai_agent", name="openai_agent", roles=["solver"],
-                            options={"command": [sys.executable, "-c", hang], "timeout_s": 3.0})
+    hang = (
+        f"import os, subprocess, time; child = subprocess.Popen(['sleep', '300']); "
+        f"open({str(pids)!r} + str(os.getpid()), 'w').write(str(child.pid)); time.sleep(300)"
+    )
+    harness = HarnessConfig(
+        _target_="harnesses.openai_agent.openai_agent",
+        name="openai_agent",
+        roles=["solver"],
+        options={"command": [sys.executable, "-c", hang], "timeout_s": 3.0},
+    )
     t0 = time.monotonic()
     stats, groups, _ = run_worker(harness, {"solver": "main"}, n_tasks=1, group_size=2, timeout_s=60.0)
     assert time.monotonic() - t0 < 60
     traces = [t for g in groups for t in g]
-    assert len(traces) == 2 and all(t.status == "failed" and "timeout_s=3.0" in t.error for t in traces), \
-        [t.error for t in traces]
+    assert len(traces) == 2 and all(t.status == "failed" and "timeout_s=3.0" in t.error for t in traces), [
+        t.error for t in traces
+    ]
     children = [int(p.read_text()) for p in tmp_path.glob("pids*")]
     parents = [int(p.name.removeprefix("pids")) for p in tmp_path.glob("pids*")]
     assert len(children) == 2
@@ -324,8 +379,9 @@ async def reporting_agent(task, base_url, api_key):
     import httpx
 
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        r = await client.chat.completions.create(model="main", max_tokens=4,
-                                                 messages=[{"role": "user", "content": task.prompt}])
+        r = await client.chat.completions.create(
+            model="main", max_tokens=4, messages=[{"role": "user", "content": task.prompt}]
+        )
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {api_key}"}) as http:
         assert (await http.post(f"{base_url}/reward", json={"reward": "high"})).status_code == 400
         (await http.post(f"{base_url}/reward", json={"reward": 0.25})).raise_for_status()
@@ -336,7 +392,11 @@ async def reporting_agent(task, base_url, api_key):
 def test_openai_agent_function_mode_takes_the_reward_the_agent_reports(run_harness):
     """Twice, each in a fresh event loop: the worker's shared gateway starts again in the new one."""
     for k in range(2):
-        _, seqs, result = run_harness("harnesses.openai_agent.openai_agent", ["agent"], task_index=k,
-                                      agent="tests.rollout.test_gateway.reporting_agent")
+        _, seqs, result = run_harness(
+            "harnesses.openai_agent.openai_agent",
+            ["agent"],
+            task_index=k,
+            agent="tests.rollout.test_gateway.reporting_agent",
+        )
         assert len(seqs) == 1 and result.reward == 0.25 and result.info["reward_from"] == "agent"
         assert result.info["gateway_fresh"] == 1 and result.info["gateway_extended"] == 0

@@ -48,17 +48,25 @@ def test_tool_call_parsing_of_degenerate_output():
 def test_every_route_needs_the_session_key(gateway_run):
     """Without the key, with a wrong one, or another session's: 401 with OpenAI's error body, on
     the chat, models and reward routes; the reward stays unset. With it: answered."""
+
     async def knock(session, client, k):
         url, others = session.base_url("solver"), []
         async with httpx.AsyncClient(timeout=60) as http:
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": session.api_key},
-                            {"Authorization": f"Bearer {session.api_key}x"}):
-                others += [await http.post(f"{url}/chat/completions", json={"messages": HI}, headers=headers),
-                           await http.get(f"{url}/models", headers=headers),
-                           await http.post(f"{url}/reward", json={"reward": 1.0}, headers=headers)]
+            for headers in (
+                {},
+                {"Authorization": "Bearer wrong"},
+                {"Authorization": session.api_key},
+                {"Authorization": f"Bearer {session.api_key}x"},
+            ):
+                others += [
+                    await http.post(f"{url}/chat/completions", json={"messages": HI}, headers=headers),
+                    await http.get(f"{url}/models", headers=headers),
+                    await http.post(f"{url}/reward", json={"reward": 1.0}, headers=headers),
+                ]
             reward = session.reward
-            ok = await http.post(f"{url}/reward", json={"reward": 0.5},
-                                 headers={"Authorization": f"Bearer {session.api_key}"})
+            ok = await http.post(
+                f"{url}/reward", json={"reward": 0.5}, headers={"Authorization": f"Bearer {session.api_key}"}
+            )
         return others, reward, ok
 
     [(rec, session, (refused, reward, ok))] = gateway_run(knock)
@@ -71,6 +79,7 @@ def test_every_route_needs_the_session_key(gateway_run):
 def test_an_oversized_or_too_deep_body_is_a_json_error(gateway_run):
     """A body over the limit is a 413 whether it states its length or streams it in chunks; JSON
     nested 100,000 deep is a 400 (json raised RecursionError: a bare 500 before)."""
+
     async def send(session, client, k):
         url = f"{session.base_url('solver')}/chat/completions"
         auth = {"Authorization": f"Bearer {session.api_key}", "Content-Type": "application/json"}
@@ -78,12 +87,14 @@ def test_an_oversized_or_too_deep_body_is_a_json_error(gateway_run):
 
         async def chunks():
             for i in range(0, len(big), 2**20):
-                yield big[i:i + 2**20]
+                yield big[i : i + 2**20]
 
         async with httpx.AsyncClient(timeout=60) as http:
-            return [await http.post(url, content=big, headers=auth),
-                    await http.post(url, content=chunks(), headers=auth),
-                    await http.post(url, content=b"[" * 100_000 + b"]" * 100_000, headers=auth)]
+            return [
+                await http.post(url, content=big, headers=auth),
+                await http.post(url, content=chunks(), headers=auth),
+                await http.post(url, content=b"[" * 100_000 + b"]" * 100_000, headers=auth),
+            ]
 
     [(_, _, (stated, streamed, deep))] = gateway_run(send)
     assert (stated.status_code, streamed.status_code, deep.status_code) == (413, 413, 400)
@@ -95,6 +106,7 @@ def test_an_oversized_or_too_deep_body_is_a_json_error(gateway_run):
 def test_max_tokens_is_clamped_to_the_context_and_a_prompt_that_does_not_fit_is_refused(gateway_run):
     """max_model_len 64: max_tokens=100000 generates exactly the context the prompt leaves (it was
     the engine's ValueError, a bare 500); a prompt over 64 tokens is a 400, as in vLLM's server."""
+
     async def ask(session, client, k):
         r = await client.chat.completions.create(model="main", messages=HI, max_tokens=100_000)
         with pytest.raises(BadRequestError) as e:
@@ -115,7 +127,8 @@ TOOL_TEMPLATE = (  # renders tools and tool calls itself (arguments as JSON), re
     "{%- endif %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') }}"
     "{%- for c in m.tool_calls or [] %}{{ '<tool_call>' + (c.function.arguments | tojson) + '</tool_call>' }}"
     "{%- endfor %}{{- '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 @pytest.mark.integration
@@ -130,9 +143,14 @@ def test_unrenderable_requests_are_400s_not_bare_500s(gateway_run, tiny_path):
 
     async def ask(session, client, k):
         errors = []
-        for messages in ([*HI, {"role": "assistant", "content": None, "tool_calls": [call]},
-                          {"role": "tool", "tool_call_id": "c1", "content": "4"}],
-                         [{"role": "tool", "tool_call_id": "c1", "content": "4"}]):
+        for messages in (
+            [
+                *HI,
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "4"},
+            ],
+            [{"role": "tool", "tool_call_id": "c1", "content": "4"}],
+        ):
             with pytest.raises(BadRequestError) as e:
                 await client.chat.completions.create(model="main", messages=messages, max_tokens=2)
             errors.append(e.value.body["message"])
@@ -160,8 +178,9 @@ async def carrying_on_agent(task, base_url, api_key):
     """An agent that answers even when its request failed (with the error it got)."""
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
         try:
-            r = await client.chat.completions.create(model="main", messages=[{"role": "user", "content": task.prompt}],
-                                                     max_tokens=4)
+            r = await client.chat.completions.create(
+                model="main", messages=[{"role": "user", "content": task.prompt}], max_tokens=4
+            )
         except APIStatusError as e:
             return f"{e.status_code} {e.body}"
     return r.choices[0].message.content
@@ -176,12 +195,19 @@ def test_an_engine_failure_in_a_gateway_request_runs_the_episode_again(engine, t
     from rollout.orchestration.worker import RolloutWorker
     from tests.conftest import EASY_CHAIN_SUM
 
-    harness = HarnessConfig(_target_="harnesses.openai_agent.openai_agent", name="openai_agent", roles=["solver"],
-                            options={"agent": "tests.rollout.test_gateway_hostile.carrying_on_agent"})
-    cfg = GenerateJobConfig(harness=harness, agents={"solver": "main"},
-                            task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
-                            rollout=RolloutConfig(concurrency=1, group_size=1, timeout_s=60.0, retries=1),
-                            sampling=SamplingConfig(max_tokens=4))
+    harness = HarnessConfig(
+        _target_="harnesses.openai_agent.openai_agent",
+        name="openai_agent",
+        roles=["solver"],
+        options={"agent": "tests.rollout.test_gateway_hostile.carrying_on_agent"},
+    )
+    cfg = GenerateJobConfig(
+        harness=harness,
+        agents={"solver": "main"},
+        task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM),
+        rollout=RolloutConfig(concurrency=1, group_size=1, timeout_s=60.0, retries=1),
+        sampling=SamplingConfig(max_tokens=4),
+    )
     worker = RolloutWorker(0, cfg, {"main": [engine]}, {"main": tiny_path}, buffer=None)
     backend = worker.routers["main"] = FailingRouter([engine], EngineError("engine 0 died"))
     trace = asyncio.run(worker.episode(worker.tasks.train_task(0), "g", 0))
@@ -192,8 +218,9 @@ def test_an_engine_failure_in_a_gateway_request_runs_the_episode_again(engine, t
 async def greedy_agent(task, base_url, api_key):
     """An agent that asks for far more tokens than any context holds."""
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        r = await client.chat.completions.create(model="main", max_tokens=100000,
-                                                 messages=[{"role": "user", "content": task.prompt}])
+        r = await client.chat.completions.create(
+            model="main", max_tokens=100000, messages=[{"role": "user", "content": task.prompt}]
+        )
     return f"{r.usage.prompt_tokens} {r.usage.completion_tokens}"
 
 
@@ -205,13 +232,20 @@ def test_a_rollout_worker_clamps_agents_to_its_models_context(engine, tiny_path)
     from rollout.orchestration.worker import RolloutWorker
     from tests.conftest import EASY_CHAIN_SUM
 
-    harness = HarnessConfig(_target_="harnesses.openai_agent.openai_agent", name="openai_agent", roles=["solver"],
-                            options={"agent": "tests.rollout.test_gateway_hostile.greedy_agent"})
-    cfg = GenerateJobConfig(model=ModelConfig(name="tiny", max_model_len=48), harness=harness,
-                            agents={"solver": "main"}, task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM,
-                                                                       instruction=""),
-                            rollout=RolloutConfig(concurrency=1, group_size=1, timeout_s=60.0),
-                            sampling=SamplingConfig(max_tokens=4))
+    harness = HarnessConfig(
+        _target_="harnesses.openai_agent.openai_agent",
+        name="openai_agent",
+        roles=["solver"],
+        options={"agent": "tests.rollout.test_gateway_hostile.greedy_agent"},
+    )
+    cfg = GenerateJobConfig(
+        model=ModelConfig(name="tiny", max_model_len=48),
+        harness=harness,
+        agents={"solver": "main"},
+        task=TaskConfig(name="chain_sum", params=EASY_CHAIN_SUM, instruction=""),
+        rollout=RolloutConfig(concurrency=1, group_size=1, timeout_s=60.0),
+        sampling=SamplingConfig(max_tokens=4),
+    )
     worker = RolloutWorker(0, cfg, {"main": [engine]}, {"main": tiny_path}, buffer=None)
     trace = asyncio.run(worker.episode(worker.tasks.train_task(0), "g", 0))
     assert trace.status != "failed", trace.error
@@ -232,11 +266,18 @@ def test_a_gateway_bug_is_a_json_500_and_fails_the_trace_by_name(engine, tiny_to
             return 0.0
 
     rec = TraceRecorder("bug")
-    agent = Agent("solver", "main", FailingRouter([engine], ZeroDivisionError("boom")),
-                  ChatFormat(tiny_tokenizer), rec, SamplingConfig(max_tokens=4))
+    agent = Agent(
+        "solver",
+        "main",
+        FailingRouter([engine], ZeroDivisionError("boom")),
+        ChatFormat(tiny_tokenizer),
+        rec,
+        SamplingConfig(max_tokens=4),
+    )
     with pytest.raises(RuntimeError, match="the gateway failed a request of this run: ZeroDivisionError: boom"):
-        asyncio.run(openai_agent(Task(), {"solver": agent},
-                                 agent="tests.rollout.test_gateway_hostile.carrying_on_agent"))
+        asyncio.run(
+            openai_agent(Task(), {"solver": agent}, agent="tests.rollout.test_gateway_hostile.carrying_on_agent")
+        )
 
 
 @pytest.mark.integration
@@ -255,8 +296,12 @@ def test_a_command_agent_sees_only_the_allowed_environment(run_harness, monkeypa
 @pytest.mark.integration
 def test_a_command_agent_that_floods_stdout_fails_the_trace_and_is_killed(run_harness, tmp_path):
     pid = tmp_path / "pid"
-    flood = [sys.executable, "-c", f"import os, sys, time; open({str(pid)!r}, 'w').write(str(os.getpid())); "
-             f"sys.stdout.write('x' * 2_000_000); sys.stdout.flush(); time.sleep(300)"]
+    flood = [
+        sys.executable,
+        "-c",
+        f"import os, sys, time; open({str(pid)!r}, 'w').write(str(os.getpid())); "
+        f"sys.stdout.write('x' * 2_000_000); sys.stdout.flush(); time.sleep(300)",
+    ]
     with pytest.raises(RuntimeError, match="more than 1048576 bytes to stdout"):
         run_harness("harnesses.openai_agent.openai_agent", ["agent"], command=flood, timeout_s=120.0)
     assert not _alive(int(pid.read_text()))
@@ -267,10 +312,16 @@ def test_a_command_agent_dies_with_its_worker(tmp_path):
     """A process running an agent command (as a worker does) is SIGKILLed: the agent dies with it
     (PR_SET_PDEATHSIG) instead of living on as an orphan."""
     pid = tmp_path / "pid"
-    agent = [sys.executable, "-c", f"import os, time; open({str(pid)!r}, 'w').write(str(os.getpid())); "
-             f"time.sleep(300)"]
-    worker = subprocess.Popen([sys.executable, "-c", "import asyncio, sys; from harnesses.openai_agent import "
-                               f"run_command; asyncio.run(run_command({agent!r}, '', {{}}, 300))"], cwd=ROOT)
+    agent = [sys.executable, "-c", f"import os, time; open({str(pid)!r}, 'w').write(str(os.getpid())); time.sleep(300)"]
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import asyncio, sys; from harnesses.openai_agent import "
+            f"run_command; asyncio.run(run_command({agent!r}, '', {{}}, 300))",
+        ],
+        cwd=ROOT,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (pid.exists() and pid.read_text()) and time.monotonic() < deadline:
@@ -302,12 +353,24 @@ def test_a_session_key_opens_only_its_own_session(engine, tiny_tokenizer):
         gateway = Gateway()
         await gateway.start()
         try:
-            agents = [Agent("solver", "main", Router([engine]), ChatFormat(tiny_tokenizer), TraceRecorder(f"k{i}"),
-                            SamplingConfig(max_tokens=2)) for i in range(2)]
+            agents = [
+                Agent(
+                    "solver",
+                    "main",
+                    Router([engine]),
+                    ChatFormat(tiny_tokenizer),
+                    TraceRecorder(f"k{i}"),
+                    SamplingConfig(max_tokens=2),
+                )
+                for i in range(2)
+            ]
             with gateway.session({"solver": agents[0]}) as a, gateway.session({"solver": agents[1]}) as b:
                 async with httpx.AsyncClient(timeout=60) as http:
-                    return (await http.get(f"{a.base_url('solver')}/models",
-                                           headers={"Authorization": f"Bearer {b.api_key}"})).status_code
+                    return (
+                        await http.get(
+                            f"{a.base_url('solver')}/models", headers={"Authorization": f"Bearer {b.api_key}"}
+                        )
+                    ).status_code
         finally:
             await gateway.stop()
 

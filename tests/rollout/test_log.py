@@ -30,8 +30,10 @@ def test_tracerl_lines_pass_at_the_level_in_one_format_and_others_from_warning(l
     logging.getLogger("somelib").info("a library's chatter")
     logging.getLogger("somelib").warning("a library's warning")
     lines = capsys.readouterr().err.splitlines()
-    assert [line.split(" ", 1)[1] for line in lines] == ["I trainer.metrics: [train] step 1/1",
-                                                         "W somelib: a library's warning"]
+    assert [line.split(" ", 1)[1] for line in lines] == [
+        "I trainer.metrics: [train] step 1/1",
+        "W somelib: a library's warning",
+    ]
 
 
 def test_a_bad_level_names_the_variable(monkeypatch):

@@ -23,8 +23,10 @@ def lora_engine(ray_cluster, tiny_path, engine_cfg):
     """One engine serving the tiny base model and adapters `a` and `b` (pool "a+b+frozen")."""
     from rollout.orchestration.cluster import spawn_engines
 
-    [e] = spawn_engines({"a+b+frozen": (tiny_path, ModelConfig(name="tiny"), engine_cfg)},
-                        adapters={"a+b+frozen": {"a": LORA, "b": LORA}})["a+b+frozen"]
+    [e] = spawn_engines(
+        {"a+b+frozen": (tiny_path, ModelConfig(name="tiny"), engine_cfg)},
+        adapters={"a+b+frozen": {"a": LORA, "b": LORA}},
+    )["a+b+frozen"]
     yield e
     ray.get(e.shutdown.remote())
     ray.kill(e)
@@ -95,8 +97,9 @@ def test_adapters_match_hf_peft_and_stay_apart(lora_engine, hf_tiny, tiny_path, 
 
 
 @pytest.mark.e2e
-def test_learner_adapter_trains_alone_and_syncs_exactly(lora_engine, tiny_path, hf_tiny, tiny_tokenizer,
-                                                       fixed_batch, tmp_path):
+def test_learner_adapter_trains_alone_and_syncs_exactly(
+    lora_engine, tiny_path, hf_tiny, tiny_tokenizer, fixed_batch, tmp_path
+):
     """A LoRA learner group (2 ranks, ZeRO-2) trains only its adapter — the base weights never
     change — and after a sync the engine's log-probs under that adapter equal the learner's; its
     checkpoint folder loads with peft and merges (scripts/export.py) into an equal HF model."""
@@ -110,8 +113,9 @@ def test_learner_adapter_trains_alone_and_syncs_exactly(lora_engine, tiny_path, 
     prompt = chat_prompt(tiny_tokenizer)
     completion = tiny_tokenizer.encode("The answer is 7.", add_special_tokens=False)
     ids = prompt + completion
-    with LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, lr=3e-2),
-                      LossConfig(), name="a", lora=LORA) as learners:
+    with LearnerGroup(
+        tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, lr=3e-2), LossConfig(), name="a", lora=LORA
+    ) as learners:
         start = torch.tensor(learners.logprobs(ids, len(prompt)))
         assert (start - hf_logprobs(hf_tiny, prompt, completion)).abs().max() < 1e-4, "untrained adapter = base"
         for _ in range(3):
@@ -137,8 +141,9 @@ def test_learner_adapter_trains_alone_and_syncs_exactly(lora_engine, tiny_path, 
         learners.save(str(tmp_path / "deepspeed"))  # the adapter and its optimizer state, no base
         digest = learners.param_digests()
     # resume: a fresh group loads the adapter (strictness is off for the left-out base: check it loaded)
-    with LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, lr=3e-2),
-                      LossConfig(), name="a", lora=LORA) as resumed:
+    with LearnerGroup(
+        tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, lr=3e-2), LossConfig(), name="a", lora=LORA
+    ) as resumed:
         assert resumed.param_digests() != digest
         resumed.load(str(tmp_path / "deepspeed"))
         assert resumed.param_digests() == digest
@@ -190,8 +195,9 @@ def test_cpu_lora_ops_group_by_adapter_and_leave_tokens_without_one_alone():
             ours, theirs = y0.clone(), y0.clone()
             lora_cpu.bgmv_expand_slice(shrunk, b, ours, idx, 3, out_width, add)
             want = y0.clone()
-            want[:, 3:3 + out_width] = (y0[:, 3:3 + out_width] if add else 0) + torch.stack(
-                [b[i, 0] @ s if i >= 0 else torch.zeros(out_width) for i, s in zip(idx.tolist(), shrunk)])
+            want[:, 3 : 3 + out_width] = (y0[:, 3 : 3 + out_width] if add else 0) + torch.stack(
+                [b[i, 0] @ s if i >= 0 else torch.zeros(out_width) for i, s in zip(idx.tolist(), shrunk)]
+            )
             assert torch.allclose(ours, want, atol=1e-4), add
             if (idx >= 0).all():
                 vllm_ops.bgmv_expand_slice(shrunk, b, theirs, idx, 3, out_width, add)
@@ -242,8 +248,9 @@ def exported(learners) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.e2e
-def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(ray_cluster, tiny_path, hf_tiny,
-                                                                     fixed_batch, tmp_path):
+def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(
+    ray_cluster, tiny_path, hf_tiny, fixed_batch, tmp_path
+):
     """Two adapter policies on one learner group (2 ranks, ZeRO-2: the base held once), each with
     its own optimizer: a's SGD step, taken between two of b's with another lr, is exactly one
     process's step of a alone on the same batch (no averaging over ranks or micro-batches, no
@@ -251,9 +258,13 @@ def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(ray_cluste
     the base) takes the same step. An adapter's saved state loads back into it, not into the other."""
     sgd = dict(world_size=2, num_cpus=0.5, optimizer="sgd", grad_clip=0.0)
     want = sgd_reference(hf_tiny, tiny_path, fixed_batch, lr=0.5)
-    with LearnerGroup(tiny_path, LearnerConfig(zero_stage=2, **sgd), LossConfig(), name="a+b",
-                      adapters={"a": (LORA, LearnerConfig(lr=0.5, **sgd)),
-                                "b": (LORA, LearnerConfig(lr=0.1, **sgd))}) as shared:
+    with LearnerGroup(
+        tiny_path,
+        LearnerConfig(zero_stage=2, **sgd),
+        LossConfig(),
+        name="a+b",
+        adapters={"a": (LORA, LearnerConfig(lr=0.5, **sgd)), "b": (LORA, LearnerConfig(lr=0.1, **sgd))},
+    ) as shared:
         a, b = shared.view("a"), shared.view("b")
         assert a.param_digests() == b.param_digests(), "both adapters start as the base"
         b.train_step(fixed_batch)
@@ -268,11 +279,15 @@ def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(ray_cluste
         a.train_step(fixed_batch)
         assert a.load(str(tmp_path / "a")) == 1 and a.param_digests() == saved, "a's state is back"
         assert b.param_digests() == b_digests, "b untouched"
-        with pytest.raises(ValueError, match=r"does not hold this adapter's tensors .* e\.g\. "
-                                             r".*lora_A\.policy_b\.weight"):
+        with pytest.raises(
+            ValueError,
+            match=r"does not hold this adapter's tensors .* e\.g\. "
+            r".*lora_A\.policy_b\.weight",
+        ):
             b.load(str(tmp_path / "a"))
-    with LearnerGroup(tiny_path, LearnerConfig(zero_stage=3, lr=0.5, **sgd), LossConfig(), name="a",
-                      lora=LORA) as zero3:
+    with LearnerGroup(
+        tiny_path, LearnerConfig(zero_stage=3, lr=0.5, **sgd), LossConfig(), name="a", lora=LORA
+    ) as zero3:
         zero3.train_step(fixed_batch)
         got3 = exported(zero3)
         assert zero3.base_digests() == [base_digest(hf_tiny)] * 2
@@ -282,4 +297,3 @@ def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(ray_cluste
     for name, ref in want.items():
         assert (got[name] - ref).abs().max() < 1e-6 * max(1.0, moved) * 100, name
         assert (got3[name] - ref).abs().max() < 1e-6 * max(1.0, moved) * 100, name
-

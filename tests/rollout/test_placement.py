@@ -30,8 +30,13 @@ CASES = {  # test -> the probe's overrides
 
 
 def probe(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tests.rollout.placement_probe", *overrides], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.rollout.placement_probe", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +61,11 @@ def test_the_one_gpu_preset_puts_every_pool_and_the_learner_on_the_gpu_with_its_
     assert out["cluster"] == 1.0
     placed = {p["what"]: p for p in out["probes"]}
     assert sorted(placed) == ["engines of pool 'frozen'", "engines of pool 'main'", "learner ranks of 'main'"]
-    for what, share in (("engines of pool 'frozen'", 0.25), ("engines of pool 'main'", 0.25),
-                        ("learner ranks of 'main'", 0.4)):
+    for what, share in (
+        ("engines of pool 'frozen'", 0.25),
+        ("engines of pool 'main'", 0.25),
+        ("learner ranks of 'main'", 0.4),
+    ):
         assert placed[what]["gpu_ids"] == ["0"] and placed[what]["cuda_visible_devices"] == "0", placed[what]
         assert placed[what]["resources"]["GPU"] == pytest.approx(share), placed[what]
 

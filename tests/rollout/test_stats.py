@@ -10,23 +10,41 @@ pytestmark = pytest.mark.unit
 
 def trace(reward, agent_rewards=None, status="ok", n_seqs=1):
     roles = list(agent_rewards or {"solver": 0})
-    seqs = [Sequence([1], [2, 3], [-0.1, -0.2], roles[i % len(roles)], "main", 0)
-            for i in range(max(n_seqs, len(roles)))]
-    return Trace("t", "g", seqs, reward=reward, agent_rewards=agent_rewards, status=status,
-                 error="boom" if status == "failed" else None)
+    seqs = [
+        Sequence([1], [2, 3], [-0.1, -0.2], roles[i % len(roles)], "main", 0) for i in range(max(n_seqs, len(roles)))
+    ]
+    return Trace(
+        "t",
+        "g",
+        seqs,
+        reward=reward,
+        agent_rewards=agent_rewards,
+        status=status,
+        error="boom" if status == "failed" else None,
+    )
 
 
 def test_trace_metrics_counts_and_means():
     ts = [trace(1.0, n_seqs=3), trace(0.5), trace(0.0, status="failed"), trace(1.0, status="truncated")]
     m = trace_metrics(ts, "eval")
-    assert m == {"eval/traces": 4.0, "eval/reward": 0.625, "eval/success": 0.5, "eval/failed": 1.0,
-                 "eval/truncated": 1.0, "eval/sequences_per_trace": 1.5, "eval/agents_per_trace": 1.0,
-                 "eval/generated_tokens": 12.0}
+    assert m == {
+        "eval/traces": 4.0,
+        "eval/reward": 0.625,
+        "eval/success": 0.5,
+        "eval/failed": 1.0,
+        "eval/truncated": 1.0,
+        "eval/sequences_per_trace": 1.5,
+        "eval/agents_per_trace": 1.0,
+        "eval/generated_tokens": 12.0,
+    }
 
 
 def test_trace_metrics_per_agent_rewards():
-    ts = [trace(0.0, {"player_a": 1.0, "player_b": -1.0}), trace(0.0, {"player_a": -1.0, "player_b": 1.0}),
-          trace(0.0, {"player_a": 1.0, "player_b": -1.0})]
+    ts = [
+        trace(0.0, {"player_a": 1.0, "player_b": -1.0}),
+        trace(0.0, {"player_a": -1.0, "player_b": 1.0}),
+        trace(0.0, {"player_a": 1.0, "player_b": -1.0}),
+    ]
     m = trace_metrics(ts, "rollout")
     assert m["rollout/reward"] == 0.0 and m["rollout/success"] == 0.0 and m["rollout/agents_per_trace"] == 2.0
     assert m["rollout/reward/player_a"] == pytest.approx(1 / 3)

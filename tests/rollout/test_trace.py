@@ -12,8 +12,9 @@ pytestmark = pytest.mark.unit
 
 
 def seq(**kw):
-    base = dict(prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.5, -1.0],
-                agent="solver", policy="main", version=0)
+    base = dict(
+        prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.5, -1.0], agent="solver", policy="main", version=0
+    )
     return Sequence(**{**base, **kw})
 
 
@@ -50,22 +51,25 @@ def test_out_of_vocab_token_rejected():
         t.check_vocab({"main": 512})
 
 
-@pytest.mark.parametrize("bad, msg", [
-    (dict(prompt_ids=[1, -3]), "negative token id"),
-    (dict(prompt_ids=[1, 2.5]), "not an int token id"),
-    (dict(prompt_ids=[]), "prompt_ids is empty"),
-    (dict(version=-1), "version"),
-    (dict(finish_reason="eos"), "finish_reason"),
-    (dict(agent=""), "agent = '' must be a non-empty string"),
-    (dict(policy=None), "policy = None must be a non-empty string"),
-    (dict(trainable=1), "trainable = 1 must be a bool"),
-    (dict(parent=0.0), "parent = 0.0 must be an int"),
-    (dict(parent=True), "parent = True must be an int"),
-    (dict(version=True), "version = True must be a non-negative int"),
-    (dict(completion_ids=[4, True]), r"completion_ids\[1\] = True is not an int token id"),
-    (dict(logprobs=[-0.5, "-1"]), "logprobs = .* must be a list of float"),
-    (dict(reward="1"), "reward = '1' must be a number"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        (dict(prompt_ids=[1, -3]), "negative token id"),
+        (dict(prompt_ids=[1, 2.5]), "not an int token id"),
+        (dict(prompt_ids=[]), "prompt_ids is empty"),
+        (dict(version=-1), "version"),
+        (dict(finish_reason="eos"), "finish_reason"),
+        (dict(agent=""), "agent = '' must be a non-empty string"),
+        (dict(policy=None), "policy = None must be a non-empty string"),
+        (dict(trainable=1), "trainable = 1 must be a bool"),
+        (dict(parent=0.0), "parent = 0.0 must be an int"),
+        (dict(parent=True), "parent = True must be an int"),
+        (dict(version=True), "version = True must be a non-negative int"),
+        (dict(completion_ids=[4, True]), r"completion_ids\[1\] = True is not an int token id"),
+        (dict(logprobs=[-0.5, "-1"]), "logprobs = .* must be a list of float"),
+        (dict(reward="1"), "reward = '1' must be a number"),
+    ],
+)
 def test_bad_sequence_fields_rejected(bad, msg):
     with pytest.raises(TraceError, match=msg):
         seq(**bad)
@@ -84,38 +88,56 @@ def test_bad_trace_fields_rejected():
         Trace(id="t", group="g", sequences=[seq(parent=1)])
 
 
-@pytest.mark.parametrize("bad, msg", [
-    (dict(id=""), "id = '' must be a non-empty string"),
-    (dict(group=7), "group = 7 must be a non-empty string"),
-    (dict(reward=True), "reward = True must be a number"),
-    (dict(info=[("task", 1)]), "info = .* must be a dict with string keys"),
-    (dict(info={1: "x"}), "info = .* must be a dict with string keys"),
-    (dict(timings={"duration_s": "fast"}), r"timings\['duration_s'\] = 'fast' must be a number"),
-    (dict(agent_rewards=[1.0]), "agent_rewards = .* must be a dict"),
-    (dict(agent_rewards={"solver": "1"}), r"agent_rewards\['solver'\] = '1' must be a number"),
-    (dict(error=RuntimeError("x"), status="failed"), "error = .* must be a string"),
-])
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        (dict(id=""), "id = '' must be a non-empty string"),
+        (dict(group=7), "group = 7 must be a non-empty string"),
+        (dict(reward=True), "reward = True must be a number"),
+        (dict(info=[("task", 1)]), "info = .* must be a dict with string keys"),
+        (dict(info={1: "x"}), "info = .* must be a dict with string keys"),
+        (dict(timings={"duration_s": "fast"}), r"timings\['duration_s'\] = 'fast' must be a number"),
+        (dict(agent_rewards=[1.0]), "agent_rewards = .* must be a dict"),
+        (dict(agent_rewards={"solver": "1"}), r"agent_rewards\['solver'\] = '1' must be a number"),
+        (dict(error=RuntimeError("x"), status="failed"), "error = .* must be a string"),
+    ],
+)
 def test_bad_trace_field_types_rejected(bad, msg):
     with pytest.raises(TraceError, match=msg):
         Trace(**{"id": "t", "group": "g", "sequences": [seq()], **bad})
 
 
-GOOD = {"id": "a", "group": "g", "sequences": [{"prompt_ids": [1, 2], "completion_ids": [3], "logprobs": [-0.1],
-                                                "agent": "solver", "policy": "main", "version": 0}]}
+GOOD = {
+    "id": "a",
+    "group": "g",
+    "sequences": [
+        {
+            "prompt_ids": [1, 2],
+            "completion_ids": [3],
+            "logprobs": [-0.1],
+            "agent": "solver",
+            "policy": "main",
+            "version": 0,
+        }
+    ],
+}
 
 
-@pytest.mark.parametrize("field, value, msg", [
-    ("sequences.0.trainable", 1, r"Expected `bool`, got `int` - at `\$.sequences\[0\].trainable`"),
-    ("sequences.0.prompt_ids", [1, 2.0], r"Expected `int`, got `float` - at `\$.sequences\[0\].prompt_ids\[1\]`"),
-    ("sequences.0.parent", "0", r"Expected `int \| null`, got `str` - at `\$.sequences\[0\].parent`"),
-    ("sequences.0.agent", "", r"agent = '' must be a non-empty string - at `\$.sequences\[0\]`"),
-    ("sequences.0.logprobs", [0.5], r"logprobs\[0\] = 0.5 is not a finite log-probability"),
-    ("info", [1], r"Expected `object`, got `array` - at `\$.info`"),
-    ("timings", {"start": "now"}, r"Expected `float`, got `str` - at `\$.timings"),
-    ("agent_rewards", {"solver": True}, r"Expected `float`, got `bool` - at `\$.agent_rewards"),
-    ("id", 3, r"Expected `str`, got `int` - at `\$.id`"),
-    ("bogus", 1, "Object contains unknown field `bogus`"),
-])
+@pytest.mark.parametrize(
+    "field, value, msg",
+    [
+        ("sequences.0.trainable", 1, r"Expected `bool`, got `int` - at `\$.sequences\[0\].trainable`"),
+        ("sequences.0.prompt_ids", [1, 2.0], r"Expected `int`, got `float` - at `\$.sequences\[0\].prompt_ids\[1\]`"),
+        ("sequences.0.parent", "0", r"Expected `int \| null`, got `str` - at `\$.sequences\[0\].parent`"),
+        ("sequences.0.agent", "", r"agent = '' must be a non-empty string - at `\$.sequences\[0\]`"),
+        ("sequences.0.logprobs", [0.5], r"logprobs\[0\] = 0.5 is not a finite log-probability"),
+        ("info", [1], r"Expected `object`, got `array` - at `\$.info`"),
+        ("timings", {"start": "now"}, r"Expected `float`, got `str` - at `\$.timings"),
+        ("agent_rewards", {"solver": True}, r"Expected `float`, got `bool` - at `\$.agent_rewards"),
+        ("id", 3, r"Expected `str`, got `int` - at `\$.id`"),
+        ("bogus", 1, "Object contains unknown field `bogus`"),
+    ],
+)
 def test_malformed_fields_in_a_file_are_named_with_the_line(tmp_path, field, value, msg):
     bad = json.loads(json.dumps(GOOD))
     *path, last = field.split(".")
@@ -133,8 +155,15 @@ def test_malformed_fields_in_a_file_are_named_with_the_line(tmp_path, field, val
 
 def test_jsonl_round_trip(tmp_path):
     traces = [
-        Trace(id="a", group="g1", sequences=[seq(), seq(parent=0, reward=0.5)], reward=1.0,
-              agent_rewards={"solver": 1.0}, info={"task": "x"}, timings={"duration_s": 1.5}),
+        Trace(
+            id="a",
+            group="g1",
+            sequences=[seq(), seq(parent=0, reward=0.5)],
+            reward=1.0,
+            agent_rewards={"solver": 1.0},
+            info={"task": "x"},
+            timings={"duration_s": 1.5},
+        ),
         Trace(id="b", group="g1", sequences=[], status="failed", error="boom"),
     ]
     path = tmp_path / "t.jsonl"
@@ -145,7 +174,8 @@ def test_jsonl_round_trip(tmp_path):
 
 def test_read_jsonl_names_bad_line(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text('{"id": "a", "group": "g", "sequences": []}\n'
-                    '{"id": "b", "group": "g", "sequences": [], "bogus": 1}\n')
+    path.write_text(
+        '{"id": "a", "group": "g", "sequences": []}\n{"id": "b", "group": "g", "sequences": [], "bogus": 1}\n'
+    )
     with pytest.raises(TraceError, match=r"t.jsonl:2: Object contains unknown field `bogus`"):
         list(read_jsonl(path))

@@ -27,8 +27,9 @@ def enc(tiny_tokenizer):
 
 
 def seq(prompt, completion, agent="solver", policy="main", trainable=True, parent=None, version=0):
-    return Sequence(prompt, completion, [-0.5] * len(completion), agent, policy, version,
-                    trainable=trainable, parent=parent)
+    return Sequence(
+        prompt, completion, [-0.5] * len(completion), agent, policy, version, trainable=trainable, parent=parent
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +44,19 @@ def chat(enc):
     c2 = enc("<answer>7</answer><|im_end|>")
     p3 = p1 + c1 + enc("\n<|im_start|>user\nJudge it.<|im_end|>\n<|im_start|>assistant\n")
     c3 = enc("correct<|im_end|>")
-    return Trace("chat-0", "chain_sum/3", [
-        seq(p0, c0, version=2), seq(p1, c1, agent="verifier"), seq(p2, c2, parent=0, version=3),
-        seq(p3, c3, agent="judge", policy="frozen", trainable=False, parent=1)],
-        reward=1.0, agent_rewards={"solver": 1.0, "verifier": 0.5, "judge": -1.0},
-        info={"answer": "7", "note": "<b>bold</b> & co"})
+    return Trace(
+        "chat-0",
+        "chain_sum/3",
+        [
+            seq(p0, c0, version=2),
+            seq(p1, c1, agent="verifier"),
+            seq(p2, c2, parent=0, version=3),
+            seq(p3, c3, agent="judge", policy="frozen", trainable=False, parent=1),
+        ],
+        reward=1.0,
+        agent_rewards={"solver": 1.0, "verifier": 0.5, "judge": -1.0},
+        info={"answer": "7", "note": "<b>bold</b> & co"},
+    )
 
 
 def test_spans_mark_prompt_generated_and_masked_tokens(chat, decode):
@@ -63,7 +72,7 @@ def test_spans_mark_prompt_generated_and_masked_tokens(chat, decode):
         assert f'class="tok {kind}"' in page, kind
     # the legend explains every class
     assert all(re.search(rf'class="legend">.*class="tok {k}"', page, re.S) for k in (PROMPT, GENERATED, MASKED))
-    assert re.search(r'\.tv \.masked\{background:[^}]+\}', page)
+    assert re.search(r"\.tv \.masked\{background:[^}]+\}", page)
 
 
 def test_failed_trace_masks_every_generated_token(chat, decode):
@@ -85,8 +94,9 @@ def test_merge_rows_follow_exact_prefix_chains(chat, enc, decode):
     page = render_page([view], "t")
     assert "row 1 (#0 → #2)" in page and "row 2</span>" in page and "frozen: not trained" in page
 
-    compact = Trace("compact", "g", [chat.sequences[0],
-                                     seq(enc("<|im_start|>user\nSummary: 7.<|im_end|>\n"), enc("ok"), parent=0)])
+    compact = Trace(
+        "compact", "g", [chat.sequences[0], seq(enc("<|im_start|>user\nSummary: 7.<|im_end|>\n"), enc("ok"), parent=0)]
+    )
     cview = build_view(compact, decode)
     assert cview.rows == [[0], [1]]
     assert cview.sequences[1].hidden_tokens == 0 and "shown whole" in cview.sequences[1].note
@@ -107,8 +117,14 @@ def test_continuation_shows_only_the_new_prompt(chat, decode):
 
 def test_text_is_escaped(chat, enc, decode):
     evil = "<script>alert(1)</script>"
-    t = Trace("<img src=x onerror=alert(1)>", "g\"'", [seq(enc(evil), enc("</pre><b>x</b>"))],
-              status="failed", error="<iframe src=//evil>", info={"k<": evil})
+    t = Trace(
+        "<img src=x onerror=alert(1)>",
+        "g\"'",
+        [seq(enc(evil), enc("</pre><b>x</b>"))],
+        status="failed",
+        error="<iframe src=//evil>",
+        info={"k<": evil},
+    )
     page = render_page([build_view(t, decode), build_view(chat, decode)], "<title>")
     assert "<script" not in page and "<img" not in page and "<iframe" not in page and "</pre><b>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -125,10 +141,13 @@ def test_sequence_card_is_self_contained(chat, decode):
 
 
 def test_module_imports_no_ray_vllm_or_torch(tiny_path):
-    code = ("import sys; import rollout.viewer as v; v.load_decode(sys.argv[1])([1, 2]); "
-            "print(sorted(m for m in ('ray', 'vllm', 'torch', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code, tiny_path], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys; import rollout.viewer as v; v.load_decode(sys.argv[1])([1, 2]); "
+        "print(sorted(m for m in ('ray', 'vllm', 'torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, tiny_path], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -139,6 +158,10 @@ def test_two_trainable_policies_show_their_policy_and_version(chat, decode):
     seqs[1] = msgspec.structs.replace(seqs[1], policy="critic", version=1)
     view = build_view(msgspec.structs.replace(chat, sequences=seqs), decode)
     assert [(s.policy, s.version, s.trained) for s in view.sequences] == [
-        ("main", 2, True), ("critic", 1, True), ("main", 3, True), ("frozen", 0, False)]
+        ("main", 2, True),
+        ("critic", 1, True),
+        ("main", 3, True),
+        ("frozen", 0, False),
+    ]
     assert "policy <b>critic</b> v1" in render_sequence(view, 1)
     assert "policy <b>main</b> v3" in render_sequence(view, 2)

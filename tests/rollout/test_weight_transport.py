@@ -11,24 +11,30 @@ GPU0, GPU1 = "cuda:GPU-7f1c0d2e-0000", "cuda:GPU-9a44b1f0-0001"
 HOST_A, HOST_B = "cpu:boot-a", "cpu:boot-b"
 
 
-@pytest.mark.parametrize("sender,receiver,picked", [
-    (GPU0, GPU0, "ipc"),  # the same GPU: NCCL refuses two ranks on one device
-    (GPU0, GPU1, "nccl"),
-    (HOST_A, HOST_A, "gloo"),
-    (HOST_A, HOST_B, "gloo"),
-    (GPU0, HOST_A, "gloo"),  # a CPU engine of a GPU learner: gloo stages CUDA tensors through the host
-])
+@pytest.mark.parametrize(
+    "sender,receiver,picked",
+    [
+        (GPU0, GPU0, "ipc"),  # the same GPU: NCCL refuses two ranks on one device
+        (GPU0, GPU1, "nccl"),
+        (HOST_A, HOST_A, "gloo"),
+        (HOST_A, HOST_B, "gloo"),
+        (GPU0, HOST_A, "gloo"),  # a CPU engine of a GPU learner: gloo stages CUDA tensors through the host
+    ],
+)
 def test_auto_picks_the_transport_from_the_two_devices(sender, receiver, picked):
     assert choose_transport(sender, receiver) == picked
 
 
-@pytest.mark.parametrize("prefer,sender,receiver,words", [
-    ("ipc", GPU0, GPU1, "same device"),
-    ("ipc", HOST_A, HOST_B, "same host"),
-    ("nccl", GPU0, GPU0, "two different GPUs"),
-    ("nccl", HOST_A, HOST_A, "two different GPUs"),
-    ("tcp", HOST_A, HOST_A, "expected auto or one of"),
-])
+@pytest.mark.parametrize(
+    "prefer,sender,receiver,words",
+    [
+        ("ipc", GPU0, GPU1, "same device"),
+        ("ipc", HOST_A, HOST_B, "same host"),
+        ("nccl", GPU0, GPU0, "two different GPUs"),
+        ("nccl", HOST_A, HOST_A, "two different GPUs"),
+        ("tcp", HOST_A, HOST_A, "expected auto or one of"),
+    ],
+)
 def test_a_transport_that_cannot_work_between_the_devices_is_refused_with_the_reason(prefer, sender, receiver, words):
     with pytest.raises(ValueError, match=f"sync.transport={prefer}|sync.transport='{prefer}'") as e:
         choose_transport(sender, receiver, prefer)

@@ -35,9 +35,13 @@ def test_bad_harness_results_make_failed_traces(run_worker):
     harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.bad_results", name="bad", roles=["solver"])
     stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=6)
     by_task = {int(g[0].info["task"].rsplit("/", 1)[1]): g for g in groups}
-    expected = {0: "info of type list", 1: "info that is not plain JSON data",
-                2: "reward = np.float32(0.5) of type float32",
-                3: "reward = '0.5' of type str", 4: "agent_rewards['solver'] = None of type NoneType"}
+    expected = {
+        0: "info of type list",
+        1: "info that is not plain JSON data",
+        2: "reward = np.float32(0.5) of type float32",
+        3: "reward = '0.5' of type str",
+        4: "agent_rewards['solver'] = None of type NoneType",
+    }
     for k, msg in expected.items():
         assert all(t.status == "failed" and msg in t.error for t in by_task[k]), (k, [t.error for t in by_task[k]])
         assert all(len(t.sequences) == 1 for t in by_task[k]), "the model call made before is kept"
@@ -65,22 +69,24 @@ def test_a_trace_the_buffer_rejects_still_completes_its_group(run_worker):
     stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=1, vocab_size=8)
     [group] = groups
     assert len(group) == 2 and all(t.status == "failed" and t.sequences == [] for t in group)
-    assert all(t.error.startswith("rejected by the trace buffer: ") and "out of vocabulary" in t.error
-               for t in group), [t.error for t in group]
+    assert all(
+        t.error.startswith("rejected by the trace buffer: ") and "out of vocabulary" in t.error for t in group
+    ), [t.error for t in group]
     assert all(t.info["task"] == "chain_sum/train/0" for t in group)
     assert stats["traces_rejected"] == 2 and bstats["rejected"] == 2 and bstats["received"] == 2
 
 
 def test_frozen_role_and_agent_rewards(run_worker):
-    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.judged", name="judged",
-                            roles=["solver", "judge"])
+    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.judged", name="judged", roles=["solver", "judge"])
     _, groups, _ = run_worker(harness, {"solver": "main", "judge": "frozen"}, n_tasks=2)
     traces = [t for g in groups for t in g]
     assert len(traces) == 4
     for t in traces:
         assert t.status != "failed", t.error
         assert [(s.agent, s.policy, s.trainable) for s in t.sequences] == [
-            ("solver", "main", True), ("judge", "frozen", False)]
+            ("solver", "main", True),
+            ("judge", "frozen", False),
+        ]
         assert t.agent_rewards == {"solver": 1.0, "judge": -1.0} and t.reward == 0.0
 
 
@@ -90,9 +96,20 @@ def test_buffer_rejects_malformed_traces_with_reason(ray_cluster):
     buffer = spawn_buffer(2, {"main": 512})
     good = Trace(id="a", group="g", sequences=[Sequence([1, 2], [3], [-0.1], "solver", "main", 0)])
     oov = Trace(id="b", group="g", sequences=[Sequence([1, 2], [3, 9999], [-0.1, -0.2], "solver", "main", 0)])
-    bad_dict = {"id": "c", "group": "g", "sequences": [
-        {"prompt_ids": [1], "completion_ids": [2, 3], "logprobs": [-0.1], "agent": "s", "policy": "main",
-         "version": 0}]}
+    bad_dict = {
+        "id": "c",
+        "group": "g",
+        "sequences": [
+            {
+                "prompt_ids": [1],
+                "completion_ids": [2, 3],
+                "logprobs": [-0.1],
+                "agent": "s",
+                "policy": "main",
+                "version": 0,
+            }
+        ],
+    }
     assert ray.get(buffer.put.remote(good)) is True
     assert ray.get(buffer.put.remote(oov)) is False
     assert ray.get(buffer.put.remote(bad_dict)) is False

@@ -25,8 +25,14 @@ DEADLINE_S = {"faults": 600, "e2e": 600, "learner": 600, "rollout_path": 420}  #
 def run_quick(name: str) -> dict:
     """The bench's last output line, parsed; the output's tail in the failure message."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, f"scripts/bench/{name}.py", "--quick"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=DEADLINE_S.get(name, 300))
+    proc = subprocess.run(
+        [sys.executable, f"scripts/bench/{name}.py", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S.get(name, 300),
+    )
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     lines = proc.stdout.strip().splitlines()
@@ -110,7 +116,7 @@ def check_engine_start(r):
     assert s["start_s"] < s["spawn_s"] <= s["up_s"]  # the engine's own start is inside the actor's
 
 
-CHECKS = {name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")}
+CHECKS = {name[len("check_") :]: fn for name, fn in globals().items() if name.startswith("check_")}
 
 
 def test_every_bench_has_a_check():
@@ -125,8 +131,11 @@ LONGEST_FIRST = ["learner", "e2e", "faults", "rollout_path", "lora_ops", "bf16",
 @pytest.fixture(scope="module")
 def launched(request):
     """name -> the future of its quick run, for the benches this session selected."""
-    wanted = {item.callspec.params["name"] for item in request.session.items
-              if item.originalname == "test_quick" and hasattr(item, "callspec")}
+    wanted = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if item.originalname == "test_quick" and hasattr(item, "callspec")
+    }
     order = sorted(wanted, key=lambda n: LONGEST_FIRST.index(n) if n in LONGEST_FIRST else len(LONGEST_FIRST))
     with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="bench") as pool:
         yield {name: pool.submit(run_quick, name) for name in order}

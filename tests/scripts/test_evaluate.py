@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def evaluate(*args, timeout=600):
-    return subprocess.run([sys.executable, "scripts/evaluate.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "scripts/evaluate.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.unit
@@ -59,14 +60,21 @@ def test_an_adapter_needs_its_base(tmp_path):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_model.safetensors").write_bytes(b"")
-    conf = {"r": 8, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj"],
-            "base_model_name_or_path": str(tmp_path / "gone")}
+    conf = {
+        "r": 8,
+        "lora_alpha": 16,
+        "target_modules": ["v_proj", "q_proj"],
+        "base_model_name_or_path": str(tmp_path / "gone"),
+    }
     (adapter / "adapter_config.json").write_text(json.dumps(conf))
     with pytest.raises(ValueError, match="which is not here: give its base with --adapter-base"):
         weights_for(str(adapter), ["main"])
     w = weights_for(str(adapter), ["main"], adapter_base="tiny")["main"]
-    assert (w.model, w.lora, w.adapter) == ({"name": "tiny"}, {"rank": 8, "alpha": 16.0,
-                                                               "target_modules": ["q_proj", "v_proj"]}, adapter)
+    assert (w.model, w.lora, w.adapter) == (
+        {"name": "tiny"},
+        {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "v_proj"]},
+        adapter,
+    )
 
 
 @pytest.mark.unit
@@ -80,13 +88,16 @@ def test_only_trained_policies_change_weights(tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("args, message", [
-    (["--model", "/no/such/checkpoint"], "--model /no/such/checkpoint: no such folder"),
-    (["--baseline", "/tmp"], "--baseline /tmp: the folder holds no config.json"),
-    (["eval.size=0"], "eval.size=0: nothing to evaluate"),
-    (["eval.size=99"], "eval.size=99 is more than the task's held-out set"),
-    (["trainer.stepz=1"], "Could not override 'trainer.stepz'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "/no/such/checkpoint"], "--model /no/such/checkpoint: no such folder"),
+        (["--baseline", "/tmp"], "--baseline /tmp: the folder holds no config.json"),
+        (["eval.size=0"], "eval.size=0: nothing to evaluate"),
+        (["eval.size=99"], "eval.size=99 is more than the task's held-out set"),
+        (["trainer.stepz=1"], "Could not override 'trainer.stepz'"),
+    ],
+)
 def test_bad_arguments_fail_before_ray_starts(args, message, capsys):
     from scripts.evaluate import main
 
@@ -105,8 +116,9 @@ def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(smoke_run, tmp_pa
     assert train_proc.returncode == 0, train_proc.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     out = tmp_path / "eval" / "smoke.json"
-    proc = evaluate("experiment=smoke", "--model", str(run), "--baseline", "tiny", "--out", str(out),
-                    "--progress-s", "1")
+    proc = evaluate(
+        "experiment=smoke", "--model", str(run), "--baseline", "tiny", "--out", str(out), "--progress-s", "1"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["model"]["reward"] == summary["final_eval_reward"]
@@ -117,7 +129,8 @@ def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(smoke_run, tmp_pa
         ours = read_jsonl(out.with_suffix(f".{label}.jsonl"))
         runs = read_jsonl(run / f"eval/step_{step}.jsonl")
         assert [(t.id, t.sequences[0].completion_ids) for t in ours] == [
-            (t.id, t.sequences[0].completion_ids) for t in runs]
+            (t.id, t.sequences[0].completion_ids) for t in runs
+        ]
         assert "<html" in out.with_suffix(f".{label}.html").read_text()[:200]
     assert "[evaluate] model: 32/32 runs" in proc.stdout
     assert json.loads(proc.stdout.splitlines()[-1])["eval_paired"] == summary["eval_paired"]

@@ -16,10 +16,24 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_generate_script_writes_multi_agent_traces(tmp_path):
     out = tmp_path / "traces.jsonl"
     proc = subprocess.run(
-        [sys.executable, "scripts/generate.py", "model=tiny", "harness=solver_verifier", "task=chain_sum",
-         "num_traces=8", "rollout.group_size=4", "sampling.max_tokens=24",
-         "engine.kv_cache_gb=0.25", "ray.num_cpus=2", f"out={out}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "scripts/generate.py",
+            "model=tiny",
+            "harness=solver_verifier",
+            "task=chain_sum",
+            "num_traces=8",
+            "rollout.group_size=4",
+            "sampling.max_tokens=24",
+            "engine.kv_cache_gb=0.25",
+            "ray.num_cpus=2",
+            f"out={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["traces"] == 8 and summary["rollout/failed"] == 0
@@ -35,8 +49,13 @@ def test_generate_script_writes_multi_agent_traces(tmp_path):
 
 @pytest.mark.unit
 def test_generate_bad_config_fails_before_ray_starts():
-    proc = subprocess.run([sys.executable, "scripts/generate.py", "harness=solver_verifier", "~agents.verifier"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "scripts/generate.py", "harness=solver_verifier", "~agents.verifier"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "config error: agents: harness 'solver_verifier' uses roles ['verifier']" in proc.stderr
     assert "Started a local Ray instance" not in proc.stderr + proc.stdout

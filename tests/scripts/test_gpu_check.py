@@ -20,8 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def gpu_check(out: Path, timeout_s: float = 600, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
-                          timeout=timeout_s, env={**os.environ, "OUT": str(out), "DEVICE": "cpu", **env})
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh")],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "OUT": str(out), "DEVICE": "cpu", **env},
+    )
 
 
 def summary(out: Path) -> dict:
@@ -51,8 +56,12 @@ def test_env_and_transport_stages_on_cpu(tmp_path):
     assert transport == json.loads((out / "transport.json").read_text())
     assert "gloo" in json.dumps(transport), "on CPU the transport checks run in their gloo form"
     for name in ("stack", "smoke"):
-        assert stages[name] == {"status": "skipped", "seconds": 0, "reason": "not in STAGES=env,transport",
-                                "details": {}}
+        assert stages[name] == {
+            "status": "skipped",
+            "seconds": 0,
+            "reason": "not in STAGES=env,transport",
+            "details": {},
+        }
     assert s["verdict"]["ok"] and s["verdict"]["device"] == "cpu" and s["verdict"]["not_ok"] == []
     assert run.returncode == 0
 

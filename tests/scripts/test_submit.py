@@ -42,15 +42,26 @@ def own_ports() -> list[str]:
     """Fresh ports for every server a node starts: the defaults may be taken by another
     Ray on this machine (the test session's own, for one), which silently breaks the
     job agent ("No available agent to submit job")."""
-    names = ["object-manager-port", "node-manager-port", "dashboard-agent-listen-port",
-             "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port"]
+    names = [
+        "object-manager-port",
+        "node-manager-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "runtime-env-agent-port",
+        "metrics-export-port",
+    ]
     return [f"--{n}={free_port()}" for n in names]
 
 
 def start(args, env, log, command=(RAY, "start")):
     # own process group: stopping it stops exactly this node's Ray processes
-    return subprocess.Popen([*command, "--block", *own_ports(), *args], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [*command, "--block", *own_ports(), *args],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop(nodes) -> None:
@@ -80,8 +91,7 @@ def fresh_machine(home: Path, **extra: str) -> dict:
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
     # SIGTERM stops the node at once instead of draining it for 30 s (nothing to drain here)
-    return {**env, "HOME": str(home), "PYTHON": sys.executable, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-            **extra}
+    return {**env, "HOME": str(home), "PYTHON": sys.executable, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **extra}
 
 
 def start_head(command, env, tmp_path: Path):
@@ -90,9 +100,21 @@ def start_head(command, env, tmp_path: Path):
     short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))  # Ray's socket paths stay < 107 bytes
     dash = free_port()
     log = open(tmp_path / "head.log", "w")
-    head = start(["--head", f"--port={free_port()}", "--num-cpus=1", f"--dashboard-port={dash}",
-                  "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={short}",
-                  f"--ray-client-server-port={free_port()}"], env, log, command)
+    head = start(
+        [
+            "--head",
+            f"--port={free_port()}",
+            "--num-cpus=1",
+            f"--dashboard-port={dash}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--temp-dir={short}",
+            f"--ray-client-server-port={free_port()}",
+        ],
+        env,
+        log,
+        command,
+    )
     log.close()  # the child keeps its own copy
     return head, f"http://127.0.0.1:{dash}", short
 
@@ -113,8 +135,9 @@ def auth_mode(url: str, timeout_s: float = 120.0) -> str:
 def ray_job(args: list[str], url: str, env: dict) -> subprocess.CompletedProcess:
     """`ray job ...` against the head, retried while its job agent is still starting."""
     for _ in range(24):
-        proc = subprocess.run([RAY, "job", *args[:1], "--address", url, *args[1:]], env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [RAY, "job", *args[:1], "--address", url, *args[1:]], env=env, capture_output=True, text=True, timeout=300
+        )
         if "No available agent to submit job" not in proc.stderr:
             return proc
         time.sleep(5)
@@ -136,23 +159,63 @@ def test_submit_to_two_node_cluster(tmp_path):
     gcs, dash = free_port(), free_port()
     url = f"http://127.0.0.1:{dash}"
     logs = open(tmp_path / "ray.log", "w")
-    nodes = [start([f"--port={gcs}", "--head", "--num-cpus=2", f"--dashboard-port={dash}",
-                    "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--temp-dir={short / 'head'}",
-                    f"--ray-client-server-port={free_port()}",
-                    '--resources={"rollout_node": 1}'], env, logs, ray_start)]
+    nodes = [
+        start(
+            [
+                f"--port={gcs}",
+                "--head",
+                "--num-cpus=2",
+                f"--dashboard-port={dash}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--temp-dir={short / 'head'}",
+                f"--ray-client-server-port={free_port()}",
+                '--resources={"rollout_node": 1}',
+            ],
+            env,
+            logs,
+            ray_start,
+        )
+    ]
     try:
         token = refuses_jobs_without_the_token(url, tmp_path)
-        nodes.append(start([f"--address=127.0.0.1:{gcs}", "--num-cpus=2", f"--temp-dir={short / 'node2'}",
-                            '--resources={"learner_node": 1, "critic_node": 1}'], env, logs, ray_start))
+        nodes.append(
+            start(
+                [
+                    f"--address=127.0.0.1:{gcs}",
+                    "--num-cpus=2",
+                    f"--temp-dir={short / 'node2'}",
+                    '--resources={"learner_node": 1, "critic_node": 1}',
+                ],
+                env,
+                logs,
+                ray_start,
+            )
+        )
         run_dir = tmp_path / "run"
         client = fresh_machine(tmp_path / "client", TRACERL_CACHE=cache, RAY_AUTH_TOKEN=token)
         for _ in range(24):  # the head's job agent starts a little after its dashboard
             proc = subprocess.run(
-                ["bash", "scripts/submit.sh", "experiment=smoke", "cluster=two_node_cpu", "trainer.steps=2",
-                 "eval.size=4", f"run_dir={run_dir}", "harness=solver_verifier", "agents.verifier=critic",
-                 "+policies.critic.engine.resources={critic_node:0.5}", "+policies.critic.learner.world_size=1",
-                 "+policies.critic.learner.resources={critic_node:0.25}"],
-                cwd=ROOT, env={**client, "RAY_ADDRESS": url}, capture_output=True, text=True, timeout=900)
+                [
+                    "bash",
+                    "scripts/submit.sh",
+                    "experiment=smoke",
+                    "cluster=two_node_cpu",
+                    "trainer.steps=2",
+                    "eval.size=4",
+                    f"run_dir={run_dir}",
+                    "harness=solver_verifier",
+                    "agents.verifier=critic",
+                    "+policies.critic.engine.resources={critic_node:0.5}",
+                    "+policies.critic.learner.world_size=1",
+                    "+policies.critic.learner.resources={critic_node:0.25}",
+                ],
+                cwd=ROOT,
+                env={**client, "RAY_ADDRESS": url},
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             if "No available agent to submit job" not in proc.stderr:
                 break
             time.sleep(5)
@@ -170,8 +233,12 @@ def test_submit_to_two_node_cluster(tmp_path):
         assert main["trained_tokens"] > 0 and critic["trained_tokens"] > 0 and critic["version"] == 2
         # weights crossed nodes over each policy's collective group (learners on node 2, main's engine on the head)
         assert main["sync"] == critic["sync"] == "CollectiveSync"
-        pushes = [m[f"sync/{p}/fallbacks"] for m in read_metrics(run_dir) for p in ("main", "critic")
-                  if f"sync/{p}/seconds" in m]
+        pushes = [
+            m[f"sync/{p}/fallbacks"]
+            for m in read_metrics(run_dir)
+            for p in ("main", "critic")
+            if f"sync/{p}/seconds" in m
+        ]
         assert len(pushes) == 4 and not any(pushes), pushes
     finally:
         stop(nodes)
@@ -195,16 +262,27 @@ def refuses_jobs_without_the_token(url: str, tmp_path: Path) -> str:
     assert "Authentication required" in refused.stdout + refused.stderr, refused.stderr[-2000:]
     wrong = ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32})
     assert wrong.returncode != 0 and "Authentication failed" in wrong.stdout + wrong.stderr, wrong.stderr[-2000:]
-    script = subprocess.run(["bash", "scripts/submit.sh", "trainer.steps=1"], cwd=ROOT,
-                            env={**client, "RAY_ADDRESS": url}, capture_output=True, text=True, timeout=120)
+    script = subprocess.run(
+        ["bash", "scripts/submit.sh", "trainer.steps=1"],
+        cwd=ROOT,
+        env={**client, "RAY_ADDRESS": url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert script.returncode != 0 and "requires a token" in script.stderr, script.stderr[-2000:]
 
     accepted = ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     assert accepted.returncode == 0 and "job ran" in accepted.stdout, accepted.stdout + accepted.stderr
     # submit.sh finds the token where the CLI does and sends it (RAY_AUTH_MODE unset here)
-    script = subprocess.run(["bash", "scripts/submit.sh", "--help"], cwd=ROOT,
-                            env={**client, "RAY_ADDRESS": url, "RAY_AUTH_TOKEN": token}, capture_output=True,
-                            text=True, timeout=300)
+    script = subprocess.run(
+        ["bash", "scripts/submit.sh", "--help"],
+        cwd=ROOT,
+        env={**client, "RAY_ADDRESS": url, "RAY_AUTH_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert script.returncode == 0 and "Powered by Hydra" in script.stdout, script.stdout + script.stderr
     return token
 
@@ -216,8 +294,14 @@ def test_submit_refuses_a_head_without_auth(tmp_path):
     head, url, short = start_head([RAY, "start"], env, tmp_path)
     try:
         assert auth_mode(url) == "disabled", "Ray now turns auth on for `ray start` too: revisit ray_start.sh"
-        script = subprocess.run(["bash", "scripts/submit.sh", "trainer.steps=1"], cwd=ROOT,
-                                env={**env, "RAY_ADDRESS": url}, capture_output=True, text=True, timeout=120)
+        script = subprocess.run(
+            ["bash", "scripts/submit.sh", "trainer.steps=1"],
+            cwd=ROOT,
+            env={**env, "RAY_ADDRESS": url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert script.returncode != 0, script.stdout + script.stderr
         assert "WITHOUT token authentication" in script.stderr and "ray_start.sh" in script.stderr, script.stderr
         jobs = ray_job(["list"], url, env)

@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def train(*args, timeout=900):
-    return subprocess.run([sys.executable, "scripts/train.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "scripts/train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.e2e
@@ -33,9 +34,18 @@ def test_smoke_experiment_learns_in_sync_mode(smoke_run):
     assert "[train] step   20/20" in proc.stderr  # a log line (rollout/log.py)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     last = json.loads(lines[-1])
-    for key in ("rollout/reward", "train/main/loss", "train/main/clip_frac", "train/main/mismatch_kl",
-                "train/main/entropy", "train/main/grad_norm", "train/trained_tokens", "perf/train_tokens_per_s",
-                "sync/main/seconds", "async/main/staleness_max"):
+    for key in (
+        "rollout/reward",
+        "train/main/loss",
+        "train/main/clip_frac",
+        "train/main/mismatch_kl",
+        "train/main/entropy",
+        "train/main/grad_norm",
+        "train/trained_tokens",
+        "perf/train_tokens_per_s",
+        "sync/main/seconds",
+        "async/main/staleness_max",
+    ):
         assert key in last, key
     assert last["async/main/staleness_max"] == 0  # synchronous: every trained token from current weights
     # the rollout split: the engine's steps fit in its busy time, which fits in the window
@@ -56,11 +66,14 @@ def test_smoke_experiment_learns_in_sync_mode(smoke_run):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("override, message", [
-    ("learner.lr=oops", "learner.lr"),
-    ("trainer.lr=oops", "Could not override 'trainer.lr'"),
-    ("trainer.stepz=3", "Could not override 'trainer.stepz'"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("learner.lr=oops", "learner.lr"),
+        ("trainer.lr=oops", "Could not override 'trainer.lr'"),
+        ("trainer.stepz=3", "Could not override 'trainer.stepz'"),
+    ],
+)
 def test_bad_config_fails_at_start_naming_the_key(override, message):
     proc = train(override, timeout=120)
     assert proc.returncode != 0

@@ -25,10 +25,12 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 @pytest.fixture(scope="module")
 def traces_file(run_worker, tmp_path_factory) -> Path:
-    harness = HarnessConfig(_target_="harnesses.solver_verifier.solver_verifier", name="solver_verifier",
-                            roles=["solver", "verifier"])
-    _, groups, _ = run_worker(harness, {"solver": "main", "verifier": "frozen"}, n_tasks=2, timeout_s=60.0,
-                              max_tokens=24)
+    harness = HarnessConfig(
+        _target_="harnesses.solver_verifier.solver_verifier", name="solver_verifier", roles=["solver", "verifier"]
+    )
+    _, groups, _ = run_worker(
+        harness, {"solver": "main", "verifier": "frozen"}, n_tasks=2, timeout_s=60.0, max_tokens=24
+    )
     traces = [t for g in groups for t in g]
     assert len(traces) == 4 and all(t.status != "failed" for t in traces), [t.error for t in traces]
     path = tmp_path_factory.mktemp("view") / "traces.jsonl"
@@ -39,12 +41,13 @@ def traces_file(run_worker, tmp_path_factory) -> Path:
 def background(kind: str) -> tuple[int, int, int]:
     """The first colour of a token kind's background in rollout/viewer.py's CSS, as RGB."""
     hex_ = re.search(rf"\.tv \.{kind}\{{background:[^#]*#([0-9a-f]{{6}})", CSS).group(1)
-    return tuple(int(hex_[i:i + 2], 16) for i in (0, 2, 4))
+    return tuple(int(hex_[i : i + 2], 16) for i in (0, 2, 4))
 
 
 def view_traces(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/view_traces.py", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "scripts/view_traces.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def chromium(page: Path, out: Path, screenshot: bool) -> tuple[Path, list[str]]:
@@ -61,16 +64,32 @@ def chromium(page: Path, out: Path, screenshot: bool) -> tuple[Path, list[str]]:
         pytest.fail(f"{CHROMIUM} is missing: run scripts/setup.sh (it installs Debian's chromium as root)")
     profile, netlog, png = out / "profile", out / "netlog.json", out / "page.png"
     shutil.rmtree(profile, ignore_errors=True)
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={profile}", f"--log-net-log={netlog}",
-           "--window-size=1280,2000", f"--screenshot={png}" if screenshot else "--dump-dom", page.as_uri()]
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        f"--user-data-dir={profile}",
+        f"--log-net-log={netlog}",
+        "--window-size=1280,2000",
+        f"--screenshot={png}" if screenshot else "--dump-dom",
+        page.as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = json.loads(netlog.read_text())
     start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
-    urls = [e["params"]["url"] for e in log["events"] if e["type"] == start_job
-            and e.get("params", {}).get("network_isolation_key", "").startswith("file://")]
+    urls = [
+        e["params"]["url"]
+        for e in log["events"]
+        if e["type"] == start_job and e.get("params", {}).get("network_isolation_key", "").startswith("file://")
+    ]
     return png, urls
 
 
@@ -91,8 +110,10 @@ class Refs(HTMLParser):
 def test_netlog_sees_a_pages_external_requests(tmp_path):
     """The control for the check below: a page that does load something from outside is caught."""
     page = tmp_path / "leaky.html"
-    page.write_text('<!DOCTYPE html><img src="http://127.0.0.1:9/probe.png">'
-                    '<div style="background:url(https://example.invalid/bg.png)">x</div>')
+    page.write_text(
+        '<!DOCTYPE html><img src="http://127.0.0.1:9/probe.png">'
+        '<div style="background:url(https://example.invalid/bg.png)">x</div>'
+    )
     _, urls = chromium(page, tmp_path, screenshot=False)
     assert sorted(set(urls)) == ["http://127.0.0.1:9/probe.png", "https://example.invalid/bg.png"]
 
@@ -125,8 +146,22 @@ def test_page_of_a_real_rollout(traces_file, tmp_path):
 
     refs = Refs()
     refs.feed(page)
-    assert not refs.tags & {"link", "script", "img", "iframe", "object", "embed", "audio", "video", "source",
-                            "base", "form", "svg", "image", "use"}, refs.tags
+    assert not refs.tags & {
+        "link",
+        "script",
+        "img",
+        "iframe",
+        "object",
+        "embed",
+        "audio",
+        "video",
+        "source",
+        "base",
+        "form",
+        "svg",
+        "image",
+        "use",
+    }, refs.tags
     assert refs.refs and all(r.startswith("#") for r in refs.refs), refs.refs
     lowered = page.lower()
     assert not any(s in lowered for s in ("http://", "https://", "url(", "@import", '="//', "='//"))

@@ -16,8 +16,7 @@ pytestmark = pytest.mark.unit
 
 
 def seq(agent="solver", **kw):
-    base = dict(prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.1], agent=agent,
-                policy="main", version=0)
+    base = dict(prompt_ids=[1, 2], completion_ids=[3], logprobs=[-0.1], agent=agent, policy="main", version=0)
     return Sequence(**{**base, **kw})
 
 
@@ -122,8 +121,7 @@ def test_uniform_is_the_raw_reward():
 
 
 def test_frozen_zero_and_every_trainable_sequence_same_advantage():
-    multi = [seq("solver"), seq("solver", parent=0), seq("judge", policy="frozen", trainable=False),
-             seq("verifier")]
+    multi = [seq("solver"), seq("solver", parent=0), seq("judge", policy="frozen", trainable=False), seq("verifier")]
     ts = [trace(1, seqs=multi), trace(0, seqs=[seq("solver"), seq("judge", trainable=False)])]
     # group [1, 0], population std 0.5 -> +-1
     assert grpo(ts, eps=0.0) == [[1.0, 1.0, 0.0, 1.0], [-1.0, 0.0]]
@@ -136,8 +134,7 @@ def test_frozen_zero_and_every_trainable_sequence_same_advantage():
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "batch_mean", "uniform"])
 def test_failed_traces_zero_and_excluded_from_statistics(estimator):
     cfg = AdvantageConfig(estimator=estimator)
-    with_failed = [trace(1), trace(0), trace(5.0, status="failed",
-                                            seqs=[seq(), seq(), seq(trainable=False)])]
+    with_failed = [trace(1), trace(0), trace(5.0, status="failed", seqs=[seq(), seq(), seq(trainable=False)])]
     without = [trace(1), trace(0)]
     a = compute_advantages(with_failed, cfg)
     assert a[2] == [0.0, 0.0, 0.0]
@@ -170,8 +167,7 @@ def test_per_agent_rewards_flow_to_their_role():
     ts = [two_role_trace(1, -1), two_role_trace(-1, 1)]
     assert uniform(ts, per_agent_rewards=True) == [[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
     # role a pool [1, -1] -> mean 0; role b pool [-1, 1] -> mean 0
-    assert grpo(ts, per_agent_rewards=True, scale_by_std=False) == [[1.0, -1.0, 1.0],
-                                                                    [-1.0, 1.0, -1.0]]
+    assert grpo(ts, per_agent_rewards=True, scale_by_std=False) == [[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
     # without the option the trace reward (0 for both) is used: all 0
     assert grpo(ts) == [[0.0] * 3, [0.0] * 3]
 
@@ -180,8 +176,7 @@ def test_per_agent_baselines_are_per_role():
     ts = [two_role_trace(1, 10), two_role_trace(0, 20)]
     # a: [1, 0] mean 0.5 -> [0.5, -0.5];  b: [10, 20] mean 15 -> [-5, 5]
     # (one pooled mean over [1, 10, 0, 20] = 7.75 would give a very different answer)
-    assert grpo(ts, per_agent_rewards=True, scale_by_std=False) == [[0.5, -5.0, 0.5],
-                                                                    [-0.5, 5.0, -0.5]]
+    assert grpo(ts, per_agent_rewards=True, scale_by_std=False) == [[0.5, -5.0, 0.5], [-0.5, 5.0, -0.5]]
     # with std: a std 0.5 -> +-1; b std 5 -> +-1
     assert grpo(ts, per_agent_rewards=True, eps=0.0) == [[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
     # rloo per role: a: [1 - 0, 0 - 1] = [1, -1]; b: [10 - 20, 20 - 10] = [-10, 10]
@@ -196,8 +191,10 @@ def test_per_agent_baselines_are_per_role():
 
 def test_per_agent_falls_back_to_trace_reward():
     # role c is not in agent_rewards -> uses trace.reward (3 and 1: mean 2 -> [1, -1])
-    ts = [trace(3, seqs=[seq("a"), seq("c")], agent_rewards={"a": 1.0}),
-          trace(1, seqs=[seq("a"), seq("c")], agent_rewards={"a": 0.0})]
+    ts = [
+        trace(3, seqs=[seq("a"), seq("c")], agent_rewards={"a": 1.0}),
+        trace(1, seqs=[seq("a"), seq("c")], agent_rewards={"a": 0.0}),
+    ]
     assert grpo(ts, per_agent_rewards=True, scale_by_std=False) == [[0.5, 1.0], [-0.5, -1.0]]
     # no agent_rewards at all -> same as trace-level
     plain = [trace(1, seqs=[seq("a"), seq("b")]), trace(0, seqs=[seq("a"), seq("b")])]
@@ -220,8 +217,7 @@ def test_normalize_per_agent_hand_values():
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "batch_mean", "uniform"])
 def test_normalize_per_agent_makes_scales_comparable(estimator):
     rng = np.random.default_rng(0)
-    ts = [two_role_trace(float(rng.normal(0, 1)), float(rng.normal(50, 100)), group=f"g{k // 4}")
-          for k in range(32)]
+    ts = [two_role_trace(float(rng.normal(0, 1)), float(rng.normal(50, 100)), group=f"g{k // 4}") for k in range(32)]
 
     def role_std(advs, j):  # column 0 is role a, column 1 role b (one value per trace and role)
         return float(np.std([row[j] for row in advs]))
@@ -229,8 +225,9 @@ def test_normalize_per_agent_makes_scales_comparable(estimator):
     base = AdvantageConfig(estimator=estimator, scale_by_std=False, per_agent_rewards=True)
     raw = compute_advantages(ts, base)
     assert role_std(raw, 1) / role_std(raw, 0) > 20  # ~100x apart before
-    norm = compute_advantages(ts, AdvantageConfig(estimator=estimator, scale_by_std=False,
-                                                  per_agent_rewards=True, normalize_per_agent=True))
+    norm = compute_advantages(
+        ts, AdvantageConfig(estimator=estimator, scale_by_std=False, per_agent_rewards=True, normalize_per_agent=True)
+    )
     assert role_std(norm, 0) == pytest.approx(1.0, abs=1e-4)
     assert role_std(norm, 1) == pytest.approx(1.0, abs=1e-4)
 
@@ -245,8 +242,10 @@ def test_normalize_per_agent_constant_role_left_unchanged():
 
 
 def test_turn_rewards_are_a_bonus_without_baseline():
-    ts = [trace(1, seqs=[seq(), seq(reward=0.5), seq(reward=3.0, trainable=False)]),
-          trace(0, seqs=[seq(), seq(reward=-0.25)])]
+    ts = [
+        trace(1, seqs=[seq(), seq(reward=0.5), seq(reward=3.0, trainable=False)]),
+        trace(0, seqs=[seq(), seq(reward=-0.25)]),
+    ]
     # trace level: group [1, 0] mean 0.5 -> +-0.5; turn rewards are added as is
     assert grpo(ts, scale_by_std=False, use_turn_rewards=True) == [[0.5, 1.0, 0.0], [-0.5, -0.75]]
     # off: the per-turn rewards are ignored
@@ -280,8 +279,7 @@ def test_advantage_stats():
     advs = grpo(ts, eps=0.0)  # [[1, 0], [-1], [0]]
     st = advantage_stats(ts, advs)
     # over trainable sequences of ok traces: [1, -1]
-    assert st == {"mean": 0.0, "std": 1.0, "min": -1.0, "max": 1.0,
-                  "count": 2.0, "frac_zero": 0.0}
+    assert st == {"mean": 0.0, "std": 1.0, "min": -1.0, "max": 1.0, "count": 2.0, "frac_zero": 0.0}
     assert advantage_stats([], [])["count"] == 0.0
     with pytest.raises(ValueError):
         advantage_stats(ts, advs[:2])
@@ -290,8 +288,13 @@ def test_advantage_stats():
 def test_no_heavy_imports():
     import subprocess
     import sys
-    code = ("import sys, trainer.advantages; "
-            "print([m for m in ('ray', 'vllm', 'torch') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=str(Path(__file__).resolve().parents[2]))
+
+    code = "import sys, trainer.advantages; print([m for m in ('ray', 'vllm', 'torch') if m in sys.modules])"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
     assert out.stdout.strip() == "[]"

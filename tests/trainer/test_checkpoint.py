@@ -31,8 +31,9 @@ def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, d
     assert "step_000004/trainer_state.json is damaged" in caplog.text
 
     def cfg(steps):
-        return compose("train", ["experiment=smoke", f"run_dir={tmp_path}", f"trainer.steps={steps}",
-                                 "trainer.resume=auto"])
+        return compose(
+            "train", ["experiment=smoke", f"run_dir={tmp_path}", f"trainer.steps={steps}", "trainer.resume=auto"]
+        )
 
     check_run_dir(cfg(4))  # resumes from step 2: steps 3 and 4 left
     with pytest.raises(ValueError, match="step_000002 is at step 2 of trainer.steps=2: nothing left to train"):
@@ -96,6 +97,7 @@ def test_a_torch_file_holding_an_object_that_runs_code_is_refused(tmp_path):
 
 # ---- the HF folder of a checkpoint: shards, written by learner rank 0 --------------------------
 
+
 @pytest.mark.unit
 def test_shards_are_planned_as_transformers_does():
     from trainer.hf_folder import plan_shards, shard_files
@@ -126,8 +128,10 @@ def test_the_writer_holds_one_shard_at_a_time_and_names_the_weights_dtype(tmp_pa
         for i in range(3):
             gc.collect()
             assert not any(ref() is not None for ref in alive), f"shard {i - 1} is still held while {i} is built"
-            shard = {f"layer{i}.w": torch.full((4, 4), float(i), dtype=torch.bfloat16),
-                     f"layer{i}.b": torch.zeros(4, dtype=torch.bfloat16)}
+            shard = {
+                f"layer{i}.w": torch.full((4, 4), float(i), dtype=torch.bfloat16),
+                f"layer{i}.b": torch.zeros(4, dtype=torch.bfloat16),
+            }
             alive[:] = [weakref.ref(t) for t in shard.values()]
             yield shard
             del shard
@@ -158,7 +162,8 @@ def driver_peak(call) -> int:
 
 @pytest.mark.e2e
 def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_weights(
-        ray_cluster, tiny_path, tiny_tokenizer, fixed_batch, engine_cfg, tmp_path):
+    ray_cluster, tiny_path, tiny_tokenizer, fixed_batch, engine_cfg, tmp_path
+):
     """ZeRO-3 over 2 ranks, the HF folder in 300 kB shards (an index and several files): the driver
     receives file names and sizes, never the weights (its Python heap, where ray.get puts the bytes
     it fetches, stays far below the model's size); transformers loads exactly the learner's weights,
@@ -177,8 +182,9 @@ def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_w
 
     prompt = chat_prompt(tiny_tokenizer)
     completion = tiny_tokenizer.encode("The answer is 7.", add_special_tokens=False)
-    with LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=3, lr=3e-3),
-                      LossConfig()) as learners:
+    with LearnerGroup(
+        tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=3, lr=3e-3), LossConfig()
+    ) as learners:
         learners.train_step(fixed_batch)  # weights of its own, not the base's
         want = {k: v for b in ray.get(learners.export_weights()) for k, v in load(b).items()}
         model_bytes = sum(t.numel() * t.element_size() for t in want.values())
@@ -208,8 +214,9 @@ def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_w
 
 
 @pytest.mark.e2e
-def test_a_bf16_model_is_exported_and_saved_in_bf16(ray_cluster, tiny_path, tiny_tokenizer, fixed_batch,
-                                                     engine_cfg, tmp_path):
+def test_a_bf16_model_is_exported_and_saved_in_bf16(
+    ray_cluster, tiny_path, tiny_tokenizer, fixed_batch, engine_cfg, tmp_path
+):
     """bf16 stays bf16: the weight snapshot (export_weights: what the object store carries and a
     restarted engine loads) is half the fp32 bytes, the HF folder's tensors are bf16 and its config
     says so; transformers loads the folder as bf16 with the exported values, and a bf16 vLLM engine
@@ -231,8 +238,9 @@ def test_a_bf16_model_is_exported_and_saved_in_bf16(ray_cluster, tiny_path, tiny
     completion = tiny_tokenizer.encode("The answer is 7.", add_special_tokens=False)
     [eng] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny", dtype="bfloat16"), engine_cfg)})["main"]
     try:
-        with LearnerGroup(tiny_path, LearnerConfig(world_size=1, num_cpus=0.5, zero_stage=2, lr=3e-3),
-                          LossConfig(), dtype="bfloat16") as learners:
+        with LearnerGroup(
+            tiny_path, LearnerConfig(world_size=1, num_cpus=0.5, zero_stage=2, lr=3e-3), LossConfig(), dtype="bfloat16"
+        ) as learners:
             before = torch.tensor(ray.get(eng.score.remote(prompt, completion), timeout=120))
             for _ in range(3):
                 learners.train_step(fixed_batch)

@@ -78,13 +78,20 @@ def test_a_reused_run_dir_is_refused_unless_resumed_or_overwritten(tmp_path):
 @pytest.mark.unit
 def test_too_many_failed_traces_stop_with_the_commonest_errors():
     def trace(i, error=None):
-        return Trace(f"t{i}", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=0.0,
-                     status="failed" if error else "ok", error=error)
+        return Trace(
+            f"t{i}",
+            "g",
+            [Sequence([1], [2], [-0.1], "solver", "main", 0)],
+            reward=0.0,
+            status="failed" if error else "ok",
+            error=error,
+        )
 
     check_failures([trace(0, "KeyError: 'x'"), trace(1), trace(2)], 0.5, "step 3")  # 1 of 3: goes on
     traces = [trace(0, "KeyError: 'x'\n  at line 3"), trace(1, "KeyError: 'x'"), trace(2, "OSError: disk"), trace(3)]
-    with pytest.raises(RuntimeError,
-                       match=r"step 3: 3 of 4 traces failed.*max_failed_fraction=0.5.*2x KeyError: 'x'; 1x OSError"):
+    with pytest.raises(
+        RuntimeError, match=r"step 3: 3 of 4 traces failed.*max_failed_fraction=0.5.*2x KeyError: 'x'; 1x OSError"
+    ):
         check_failures(traces, 0.5, "step 3")
     check_failures(traces, 1.0, "step 3")  # 1: never stop
 
@@ -101,7 +108,8 @@ class RunsCode:
 
 @pytest.mark.e2e
 def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank_is_named(
-        ray_cluster, tiny_path, fixed_batch, tmp_path):
+    ray_cluster, tiny_path, fixed_batch, tmp_path
+):
     """ZeRO-2: DeepSpeed's optimizer file holds its own classes, which the weights-only load allows;
     a pickled object that would run code is refused, naming the file."""
     cfg = LearnerConfig(world_size=1, num_cpus=0.5, zero_stage=2, lr=1e-3)
@@ -118,8 +126,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank
         [states] = (checkpoint.step_dir(tmp_path, 2) / "solver" / "deepspeed").rglob("mp_rank_00_model_states.pt")
         states.write_bytes(states.read_bytes()[:1000])  # the disk filled up after the rename
         group.train_step(fixed_batch)
-        ckpt, state = checkpoint.load_newest(
-            tmp_path, lambda d, s: checkpoint.restore_policy(group, d, "solver"))
+        ckpt, state = checkpoint.load_newest(tmp_path, lambda d, s: checkpoint.restore_policy(group, d, "solver"))
         assert (ckpt.name, state["step"]) == ("step_000001", 1)
         assert group.param_digests()[0] == digests[1], "the learner holds step 1's weights"
 
@@ -127,14 +134,18 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank
         state = torch.load(optim, weights_only=False)
         torch.save({**state, "extra": RunsCode(tmp_path / "ran")}, optim)  # a forged checkpoint
         shutil.rmtree(checkpoint.step_dir(tmp_path, 2))
-        with pytest.raises(RuntimeError,
-                           match=r"(?s)none of the 1 .*optim_states.pt holds a pickled object .* refused"):
+        with pytest.raises(
+            RuntimeError, match=r"(?s)none of the 1 .*optim_states.pt holds a pickled object .* refused"
+        ):
             checkpoint.load_newest(tmp_path, lambda d, s: checkpoint.restore_policy(group, d, "solver"))
         assert not (tmp_path / "ran").exists(), "nothing in the file ran"
 
         group.cfg = replace(cfg, call_timeout_s=1e-3)  # no train step answers within a millisecond
-        with pytest.raises(TimeoutError, match=r"learner train_step of policy 'solver': rank 0 on node \w+ did "
-                                               r"not answer within learner.call_timeout_s=0.001"):
+        with pytest.raises(
+            TimeoutError,
+            match=r"learner train_step of policy 'solver': rank 0 on node \w+ did "
+            r"not answer within learner.call_timeout_s=0.001",
+        ):
             group.train_step(fixed_batch)
         group.cfg = cfg
         ray.kill(group.ranks[0])
@@ -146,10 +157,22 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank
 
 @pytest.mark.e2e
 def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path):
-    cfg = compose("train", ["experiment=smoke", f"run_dir={tmp_path}", "trainer.steps=3", "eval.size=0",
-                            "harness._target_=tests.rollout.flaky_harnesses.broken", "harness.name=broken"])
-    with pytest.raises(RuntimeError, match=r"the rollout of step 1: 64 of 64 traces failed.*64x ConnectionError: "
-                                           r"tool server at localhost:9 refused"):
+    cfg = compose(
+        "train",
+        [
+            "experiment=smoke",
+            f"run_dir={tmp_path}",
+            "trainer.steps=3",
+            "eval.size=0",
+            "harness._target_=tests.rollout.flaky_harnesses.broken",
+            "harness.name=broken",
+        ],
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"the rollout of step 1: 64 of 64 traces failed.*64x ConnectionError: "
+        r"tool server at localhost:9 refused",
+    ):
         train(cfg)
     assert not (tmp_path / "checkpoints").exists(), "nothing was trained"
 
@@ -165,14 +188,31 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
     none failed, and the restarted engines sample from the learner's weights (the importance ratio
     stays at 1 to float noise, as it would not if they served the base model)."""
     steps = 6
-    cfg = compose("train", ["experiment=smoke", f"run_dir={tmp_path}", f"trainer.steps={steps}", "eval.size=0",
-                            "harness=solver_verifier", "agents.verifier=frozen", "learner.world_size=1",
-                            "engine.health_check_s=2", "engine.health_timeout_s=10", "engine.request_timeout_s=30"])
-    with Injector(tmp_path, [(1, "tracerl-engine-main-0-", "info", "kill"),  # SIGKILL
-                             (2, "tracerl-worker-0-", "stats", "kill"),
-                             (3, "tracerl-engine-frozen-0-", "info", "suspend"),  # SIGSTOP: alive, silent
-                             (4, "tracerl-engine-main-0-", "info", "kill"),
-                             (4, "tracerl-engine-frozen-0-", "info", "kill")]) as injector:  # 0.5 s later
+    cfg = compose(
+        "train",
+        [
+            "experiment=smoke",
+            f"run_dir={tmp_path}",
+            f"trainer.steps={steps}",
+            "eval.size=0",
+            "harness=solver_verifier",
+            "agents.verifier=frozen",
+            "learner.world_size=1",
+            "engine.health_check_s=2",
+            "engine.health_timeout_s=10",
+            "engine.request_timeout_s=30",
+        ],
+    )
+    with Injector(
+        tmp_path,
+        [
+            (1, "tracerl-engine-main-0-", "info", "kill"),  # SIGKILL
+            (2, "tracerl-worker-0-", "stats", "kill"),
+            (3, "tracerl-engine-frozen-0-", "info", "suspend"),  # SIGSTOP: alive, silent
+            (4, "tracerl-engine-main-0-", "info", "kill"),
+            (4, "tracerl-engine-frozen-0-", "info", "kill"),
+        ],
+    ) as injector:  # 0.5 s later
         summary = train(cfg)
     assert len(injector.injected) == 5 and not injector.errors, (injector.injected, injector.errors)
     assert summary["engine_restarts"] == 4 and summary["engines_hung"] == 1, summary
@@ -181,8 +221,10 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
     assert all(m["rollout/traces"] == 64 and m["rollout/failed"] == 0 for m in rows), rows
     # The Injector strikes an engine once it has requests in flight: in the step after `after_step`
     # or, when that step's rollout was already done (the thread core is fast), in the next one.
-    assert sum(m["rollout/resent"] > 0 for m in rows) >= 2, \
-        ("the requests the killed engines cut short were sent again", [m["rollout/resent"] for m in rows])
+    assert sum(m["rollout/resent"] > 0 for m in rows) >= 2, (
+        "the requests the killed engines cut short were sent again",
+        [m["rollout/resent"] for m in rows],
+    )
     # a restart is counted when the restarted engine takes its first request: in the step of its
     # fault, or (seen once in CI for the frozen engine of step 5) in the next one
     restarts = [m["rollout/engine_restarts"] for m in rows]
@@ -194,5 +236,6 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
     assert max(abs(m["train/main/ratio_max"] - 1) for m in rows) < 1e-3, [m["train/main/ratio_max"] for m in rows]
     # the weights went over the collective group, which reopened with the restarted engines
     assert summary["policies"]["main"]["sync"] == "CollectiveSync"
-    assert rows[0]["sync/main/fallbacks"] == 0 and rows[-1]["sync/main/fallbacks"] == 0, \
-        [m["sync/main/fallbacks"] for m in rows]
+    assert rows[0]["sync/main/fallbacks"] == 0 and rows[-1]["sync/main/fallbacks"] == 0, [
+        m["sync/main/fallbacks"] for m in rows
+    ]

@@ -18,8 +18,16 @@ pytestmark = pytest.mark.unit
 
 
 def seq(model, prompt, completion, agent="solver", policy="main", trainable=True, parent=None):
-    return Sequence(prompt, completion, hf_logprobs(model, prompt, completion).tolist(), agent, policy, 0,
-                    trainable=trainable, parent=parent)
+    return Sequence(
+        prompt,
+        completion,
+        hf_logprobs(model, prompt, completion).tolist(),
+        agent,
+        policy,
+        0,
+        trainable=trainable,
+        parent=parent,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +47,18 @@ def traces(hf_tiny, tiny_tokenizer):
     cv = fmt.encode("Yes it is.") + [eos]
     pj = fmt.render([{"role": "user", "content": "Judge: 7"}])
     cj = fmt.encode("Good.") + [eos]
-    chat = Trace("chat", "g1", [seq(m, p0, c0), seq(m, pv, cv, agent="verifier"), seq(m, p1, c1, parent=0),
-                                seq(m, pj, cj, agent="judge", policy="frozen", trainable=False),
-                                seq(m, p2, c2, parent=2)], reward=1.0)
+    chat = Trace(
+        "chat",
+        "g1",
+        [
+            seq(m, p0, c0),
+            seq(m, pv, cv, agent="verifier"),
+            seq(m, p1, c1, parent=0),
+            seq(m, pj, cj, agent="judge", policy="frozen", trainable=False),
+            seq(m, p2, c2, parent=2),
+        ],
+        reward=1.0,
+    )
     q0 = fmt.render([{"role": "user", "content": "Add 1 2 3 4 5 6 step by step."}])
     d0 = fmt.encode("1 + 2 = 3, 3 + 3 = 6, 6 + 4 = 10") + [eos]
     q1 = fmt.render([{"role": "user", "content": "Summary: partial sum 10. Continue with 5 and 6."}])
@@ -69,7 +86,11 @@ def test_rows_merge_exact_prefix_chains_only(traces):
     # chat: turns 0 -> 2 -> 4 merge into one row; the verifier is its own; the frozen judge makes none.
     # compact: the post-compaction sequence does not extend the pre-compaction one.
     assert sorted((r.trace, tuple(r.sequences)) for r in rows) == [
-        ("chat", (0, 2, 4)), ("chat", (1,)), ("compact", (0,)), ("compact", (1,))]
+        ("chat", (0, 2, 4)),
+        ("chat", (1,)),
+        ("compact", (0,)),
+        ("compact", (1,)),
+    ]
     chain = next(r for r in rows if r.sequences == [0, 2, 4])
     s4 = traces[0].sequences[4]
     assert chain.input_ids == s4.prompt_ids + s4.completion_ids
@@ -157,9 +178,14 @@ def test_each_sequence_is_scored_at_the_temperature_it_was_sampled_at(hf_tiny, t
     cfg = LossConfig(temperature=0.7)
     chat = traces[0]
     temps = [1.0, 0.5, None, None, 1.3]  # per sequence; #3 is the frozen judge
-    seqs = [msgspec.structs.replace(s, temperature=t, logprobs=hf_logprobs(
-        hf_tiny, s.prompt_ids, s.completion_ids, temperature=t or cfg.temperature).tolist())
-        for s, t in zip(chat.sequences, temps)]
+    seqs = [
+        msgspec.structs.replace(
+            s,
+            temperature=t,
+            logprobs=hf_logprobs(hf_tiny, s.prompt_ids, s.completion_ids, temperature=t or cfg.temperature).tolist(),
+        )
+        for s, t in zip(chat.sequences, temps)
+    ]
     sampled = Trace(chat.id, chat.group, seqs, reward=1.0)
     blind = Trace(chat.id, chat.group, [msgspec.structs.replace(s, temperature=None) for s in seqs], reward=1.0)
 

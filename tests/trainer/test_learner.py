@@ -12,8 +12,7 @@ from trainer.losses import LossConfig, microbatch_loss
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module", params=[0, 2, 3],
-                ids=["zero0", "zero2", "zero3"])
+@pytest.fixture(scope="module", params=[0, 2, 3], ids=["zero0", "zero2", "zero3"])
 def group(request, ray_cluster, tiny_path):
     cfg = LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=request.param, lr=1e-4, grad_clip=0.0)
     g = LearnerGroup(tiny_path, cfg, LossConfig())
@@ -106,8 +105,9 @@ def test_save_load_step_matches_uninterrupted(ray_cluster, tiny_path, fixed_batc
 
 
 @pytest.mark.parametrize("world_size, zero_stage", [(2, 2), (1, 0)])
-def test_steps_equal_single_process_sgd_whatever_their_micro_batch_counts(ray_cluster, tiny_path, fixed_batch,
-                                                                          world_size, zero_stage):
+def test_steps_equal_single_process_sgd_whatever_their_micro_batch_counts(
+    ray_cluster, tiny_path, fixed_batch, world_size, zero_stage
+):
     """2 ranks x ZeRO-2, and 1 rank x ZeRO-0 (`make train`'s, which skips DeepSpeed's all-reduce),
     SGD: each step's update is lr x (sum of its micro-batch gradients), exactly what one process
     computes on the whole batch: no averaging over ranks or micro-batches; and the optimizer steps
@@ -117,8 +117,9 @@ def test_steps_equal_single_process_sgd_whatever_their_micro_batch_counts(ray_cl
     from transformers import AutoModelForCausalLM
 
     schedule = [fixed_batch, fixed_batch[:1], fixed_batch, fixed_batch[1:]]
-    cfg = LearnerConfig(world_size=world_size, num_cpus=0.5, zero_stage=zero_stage, optimizer="sgd", lr=0.5,
-                        grad_clip=0.0)
+    cfg = LearnerConfig(
+        world_size=world_size, num_cpus=0.5, zero_stage=zero_stage, optimizer="sgd", lr=0.5, grad_clip=0.0
+    )
     g = LearnerGroup(tiny_path, cfg, LossConfig())
     try:
         for batches in schedule:
@@ -136,17 +137,19 @@ def test_steps_equal_single_process_sgd_whatever_their_micro_batch_counts(ray_cl
         opt.step()
         opt.zero_grad()
     delta = max((got[n] - p.detach()).abs().max().item() for n, p in model.named_parameters())
-    moved = max((got[n] - p0).abs().max().item()
-                for (n, _), p0 in zip(model.named_parameters(),
-                                      AutoModelForCausalLM.from_pretrained(tiny_path).parameters()))
+    moved = max(
+        (got[n] - p0).abs().max().item()
+        for (n, _), p0 in zip(model.named_parameters(), AutoModelForCausalLM.from_pretrained(tiny_path).parameters())
+    )
     assert moved > 1e-3, "the step must move the weights"
     assert delta < 1e-6 * max(1.0, moved) * 100, (delta, moved)
 
 
 def test_bf16_zero2_trains_and_ranks_agree(ray_cluster, tiny_path, fixed_batch):
     batches = fixed_batch
-    g = LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, lr=1e-4), LossConfig(),
-                     dtype="bfloat16")
+    g = LearnerGroup(
+        tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=2, lr=1e-4), LossConfig(), dtype="bfloat16"
+    )
     try:
         first = g.train_step(batches)
         for _ in range(3):
@@ -192,8 +195,7 @@ def test_a_sequence_trains_at_the_temperature_it_was_sampled_at(ray_cluster, eng
 
         def trained(s) -> dict:
             trace = Trace("t", "g", [s], reward=1.0)
-            return g.train_step(pack(build_rows([trace], [[1.0]], token_weights([trace], "token")), 4096,
-                                     fmt.pad_id))
+            return g.train_step(pack(build_rows([trace], [[1.0]], token_weights([trace], "token")), 4096, fmt.pad_id))
 
         out = trained(seq)
         assert out["tokens"] == len(seq.completion_ids)

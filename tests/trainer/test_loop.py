@@ -31,9 +31,15 @@ def smoke_cfg(run_dir, *overrides):
 
 
 def eval_trace(question, reward, failed=False):
-    return Trace(f"t-{question}", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=reward,
-                 status="failed" if failed else "ok", error="RuntimeError: engine gone" if failed else None,
-                 info={"question": question})
+    return Trace(
+        f"t-{question}",
+        "g",
+        [Sequence([1], [2], [-0.1], "solver", "main", 0)],
+        reward=reward,
+        status="failed" if failed else "ok",
+        error="RuntimeError: engine gone" if failed else None,
+        info={"question": question},
+    )
 
 
 @pytest.mark.unit
@@ -75,10 +81,22 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
     # that checkpoint alone, in a new run dir: scripts/train.py resumes from it and is SIGKILLed
     # once it has trained step 11; the same command resumes again and runs to the end
     shutil.copytree(checkpoint.step_dir(straight, 10), checkpoint.step_dir(resumed, 10))
-    common = ["experiment=smoke", "trainer.max_staleness=1", "trainer.steps=14", "trainer.save_every=10",
-              "eval.size=0", "trainer.resume=auto", f"run_dir={resumed}"]
-    driver = subprocess.Popen([sys.executable, "scripts/train.py", *common], cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    common = [
+        "experiment=smoke",
+        "trainer.max_staleness=1",
+        "trainer.steps=14",
+        "trainer.save_every=10",
+        "eval.size=0",
+        "trainer.resume=auto",
+        f"run_dir={resumed}",
+    ]
+    driver = subprocess.Popen(
+        [sys.executable, "scripts/train.py", *common],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for_step(resumed, 11, process=driver)
         driver.kill()
@@ -102,8 +120,18 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
 def test_selfplay_against_a_frozen_player_trains_on_per_agent_rewards(ray_cluster, tmp_path):
     """A multi-agent run through the real loop: selfplay with player_b frozen (its own engine),
     zero-sum per-agent rewards, per-role GRPO baselines."""
-    summary = train(smoke_cfg(tmp_path, "harness=selfplay", "agents.player_b=frozen", "algorithm=grpo_per_agent",
-                              "trainer.steps=2", "trainer.eval_every=0", "eval.size=8", "learner.world_size=1"))
+    summary = train(
+        smoke_cfg(
+            tmp_path,
+            "harness=selfplay",
+            "agents.player_b=frozen",
+            "algorithm=grpo_per_agent",
+            "trainer.steps=2",
+            "trainer.eval_every=0",
+            "eval.size=8",
+            "learner.world_size=1",
+        )
+    )
     assert summary["trainable_policies"] == ["main"]
     assert len(summary["nodes"]["engines"]) == 2, "one engine for main, one for the frozen player"
     steps = [m for m in metrics(tmp_path) if "rollout/reward/player_a" in m]

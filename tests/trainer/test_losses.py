@@ -13,8 +13,14 @@ pytestmark = pytest.mark.unit
 def one_token(logp, old, adv, ref=None, cfg=LossConfig(kl_coef=0.0)):  # noqa: B008 (never mutated)
     lp = torch.tensor([[0.0, logp]], requires_grad=True)  # column 0 is never trained
     w = torch.tensor([[0.0, 1.0]])
-    loss, m = policy_loss(lp, torch.tensor([[0.0, old]]), torch.tensor([[0.0, adv]]), w, cfg,
-                          None if ref is None else torch.tensor([[0.0, ref]]))
+    loss, m = policy_loss(
+        lp,
+        torch.tensor([[0.0, old]]),
+        torch.tensor([[0.0, adv]]),
+        w,
+        cfg,
+        None if ref is None else torch.tensor([[0.0, ref]]),
+    )
     loss.backward()
     return loss.item(), lp.grad[0, 1].item(), {k: v.item() for k, v in m.items()}
 

@@ -23,16 +23,26 @@ def decode(ids):
     return " ".join(f"<{i}>" for i in ids)
 
 
-TRACE = Trace("t<0>", "g", [Sequence([1, 2], [3, 4], [-0.1, -0.2], "solver", "main", 5),
-                            Sequence([1, 2, 3, 4, 7], [8], [-0.3], "solver", "main", 6, parent=0),
-                            Sequence([9], [10], [-0.4], "judge", "frozen", 0, trainable=False)], reward=1.0)
+TRACE = Trace(
+    "t<0>",
+    "g",
+    [
+        Sequence([1, 2], [3, 4], [-0.1, -0.2], "solver", "main", 5),
+        Sequence([1, 2, 3, 4, 7], [8], [-0.3], "solver", "main", 6, parent=0),
+        Sequence([9], [10], [-0.4], "judge", "frozen", 0, trainable=False),
+    ],
+    reward=1.0,
+)
 
 
 def test_trace_table_has_a_rendered_card_per_sequence():
     table = trace_table([TRACE], decode)
     assert table.columns[-1] == "view" and len(table.data) == 3
-    assert [row[:5] for row in table.data] == [["t<0>", 0, "solver", "main", 5], ["t<0>", 1, "solver", "main", 6],
-                                               ["t<0>", 2, "judge", "frozen", 0]]
+    assert [row[:5] for row in table.data] == [
+        ["t<0>", 0, "solver", "main", 5],
+        ["t<0>", 1, "solver", "main", 6],
+        ["t<0>", 2, "judge", "frozen", 0],
+    ]
     cards = [row[-1].html for row in table.data]
     assert 'class="tok generated"' in cards[0] and "row 1 (#0 → #1)" in cards[0]
     # the continuation shows only its new prompt token (<7>), not its parent's
@@ -50,8 +60,9 @@ def test_run_logger_logs_the_table_offline(tmp_path):
 
 
 def reward_trace(reward, question="q"):
-    return Trace("t", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=reward,
-                 info={"question": question})
+    return Trace(
+        "t", "g", [Sequence([1], [2], [-0.1], "solver", "main", 0)], reward=reward, info={"question": question}
+    )
 
 
 def evals(rewards, questions=None):
@@ -65,8 +76,13 @@ def test_paired_comparison_counts_and_sign_test():
     assert got["questions"] == 8 and got["better"] == 5 and got["worse"] == 1
     # two-sided sign test, 6 untied pairs, 1 the minority: 2 * (C(6,0) + C(6,1)) / 2^6
     assert got["sign_test_p"] == pytest.approx(2 * 7 / 64)
-    assert paired_comparison(before, before) == {"questions": 8, "left_out_failed": 0, "better": 0, "worse": 0,
-                                                 "sign_test_p": 1.0}
+    assert paired_comparison(before, before) == {
+        "questions": 8,
+        "left_out_failed": 0,
+        "better": 0,
+        "worse": 0,
+        "sign_test_p": 1.0,
+    }
     even = paired_comparison(evals([0, 1]), evals([1, 0]))
     assert even["sign_test_p"] == 1.0
 
@@ -79,13 +95,31 @@ def test_paired_comparison_counts_a_repeated_question_once():
 
 def test_advantage_and_train_metrics_are_named_by_policy_and_averaged():
     m = advantage_metrics([reward_trace(1.0), reward_trace(0.0)], [[0.5], [-0.5]], "solver")
-    assert m == {"train/solver/adv_mean": 0.0, "train/solver/adv_std": 0.5, "train/solver/adv_min": -0.5,
-                 "train/solver/adv_max": 0.5, "train/solver/adv_count": 2.0, "train/solver/adv_frac_zero": 0.0}
-    stats = {"loss": 0.3, "grad_norm": 2.0, "lr": 1e-5, "tokens": 4.0, "clip_frac": 1.0, "ratio": 4.4,
-             "ratio_max": 1.3, "mismatch_kl": 0.02, "kl_ref": 0.0, "entropy": 8.0, "skipped_steps": 1.0,
-             "padded_tokens": 12.0}
-    t = train_metrics(stats, {"merge_saving": 0.25, "padding_fraction": 0.1, "rows": 3.0, "shared_prefix_rows": 2.0},
-                      "solver")
+    assert m == {
+        "train/solver/adv_mean": 0.0,
+        "train/solver/adv_std": 0.5,
+        "train/solver/adv_min": -0.5,
+        "train/solver/adv_max": 0.5,
+        "train/solver/adv_count": 2.0,
+        "train/solver/adv_frac_zero": 0.0,
+    }
+    stats = {
+        "loss": 0.3,
+        "grad_norm": 2.0,
+        "lr": 1e-5,
+        "tokens": 4.0,
+        "clip_frac": 1.0,
+        "ratio": 4.4,
+        "ratio_max": 1.3,
+        "mismatch_kl": 0.02,
+        "kl_ref": 0.0,
+        "entropy": 8.0,
+        "skipped_steps": 1.0,
+        "padded_tokens": 12.0,
+    }
+    t = train_metrics(
+        stats, {"merge_saving": 0.25, "padding_fraction": 0.1, "rows": 3.0, "shared_prefix_rows": 2.0}, "solver"
+    )
     # sums over trained tokens become per-token means; maxima and counts stay as they are
     assert t["train/solver/clip_frac"] == 0.25 and t["train/solver/ratio_mean"] == pytest.approx(1.1)
     assert t["train/solver/entropy"] == 2.0 and t["train/solver/ratio_max"] == 1.3
@@ -96,17 +130,39 @@ def test_advantage_and_train_metrics_are_named_by_policy_and_averaged():
 
 
 def test_step_totals_sum_over_policies():
-    m = {"perf/a/train_s": 2.0, "perf/b/train_s": 3.0, "perf/a/sync_s": 0.5, "perf/b/sync_s": 0.25,
-         "train/a/trained_tokens": 40.0, "async/a/dropped_stale": 1.0, "async/b/dropped_stale": 2.0}
-    assert step_totals(m, ["a", "b"]) == {"perf/train_s": 5.0, "perf/sync_s": 0.75, "train/trained_tokens": 40.0,
-                                          "perf/train_tokens_per_s": 8.0, "async/dropped_stale": 3.0}
+    m = {
+        "perf/a/train_s": 2.0,
+        "perf/b/train_s": 3.0,
+        "perf/a/sync_s": 0.5,
+        "perf/b/sync_s": 0.25,
+        "train/a/trained_tokens": 40.0,
+        "async/a/dropped_stale": 1.0,
+        "async/b/dropped_stale": 2.0,
+    }
+    assert step_totals(m, ["a", "b"]) == {
+        "perf/train_s": 5.0,
+        "perf/sync_s": 0.75,
+        "train/trained_tokens": 40.0,
+        "perf/train_tokens_per_s": 8.0,
+        "async/dropped_stale": 3.0,
+    }
 
 
 def engine_info(pid, busy, prefill, decode, decode_steps, batch_sum, generated):
-    return {"node_id": "n", "pid": pid, "busy_s": busy,
-            "steps": {"prefill_s": prefill, "decode_s": decode, "decode_steps": decode_steps,
-                      "decode_batch_sum": batch_sum, "prefill_tokens": 10.0, "cached_prompt_tokens": 0.0,
-                      "generated_tokens": generated}}
+    return {
+        "node_id": "n",
+        "pid": pid,
+        "busy_s": busy,
+        "steps": {
+            "prefill_s": prefill,
+            "decode_s": decode,
+            "decode_steps": decode_steps,
+            "decode_batch_sum": batch_sum,
+            "prefill_tokens": 10.0,
+            "cached_prompt_tokens": 0.0,
+            "generated_tokens": generated,
+        },
+    }
 
 
 def test_rollout_split_is_per_engine_and_counts_a_restarted_engine_from_zero():

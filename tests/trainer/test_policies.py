@@ -28,16 +28,22 @@ from trainer.policy import TrainedPolicy, trained_policies
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-TWO_POLICIES = ["experiment=smoke", "harness=solver_verifier", "agents.solver=main", "agents.verifier=critic",
-                "+policies.critic.trainable=true", "learner.world_size=1", "eval.size=0"]
+TWO_POLICIES = [
+    "experiment=smoke",
+    "harness=solver_verifier",
+    "agents.solver=main",
+    "agents.verifier=critic",
+    "+policies.critic.trainable=true",
+    "learner.world_size=1",
+    "eval.size=0",
+]
 
 
 def without(trace: Trace, policy: str) -> Trace:
     """`trace` with `policy`'s sequences removed (parents re-pointed; one into a removed sequence dropped)."""
     keep = [i for i, s in enumerate(trace.sequences) if s.policy != policy]
     new_index = {old: new for new, old in enumerate(keep)}
-    seqs = [msgspec.structs.replace(trace.sequences[i], parent=new_index.get(trace.sequences[i].parent))
-            for i in keep]
+    seqs = [msgspec.structs.replace(trace.sequences[i], parent=new_index.get(trace.sequences[i].parent)) for i in keep]
     return msgspec.structs.replace(trace, sequences=seqs)
 
 
@@ -50,10 +56,22 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
     """Full policies each have their own engine; LoRA policies are two adapters of one base,
     served by one engine with the frozen corrector (the base without an adapter)."""
     adapters = ["+policies.solver_p.lora.rank=8", "+policies.verifier_p.lora.rank=8", "learner.lr=3e-2"] if lora else []
-    cfg = compose("train", ["experiment=smoke", "harness=solver_verifier_corrector", f"run_dir={tmp_path}",
-                            "agents.solver=solver_p", "agents.verifier=verifier_p", "agents.corrector=frozen",
-                            "+policies.solver_p.trainable=true", "+policies.verifier_p.trainable=true",
-                            "learner.world_size=1", "eval.size=0", *adapters])
+    cfg = compose(
+        "train",
+        [
+            "experiment=smoke",
+            "harness=solver_verifier_corrector",
+            f"run_dir={tmp_path}",
+            "agents.solver=solver_p",
+            "agents.verifier=verifier_p",
+            "agents.corrector=frozen",
+            "+policies.solver_p.trainable=true",
+            "+policies.verifier_p.trainable=true",
+            "learner.world_size=1",
+            "eval.size=0",
+            *adapters,
+        ],
+    )
     validate(cfg)
     with RolloutFleet(cfg) as fleet:
         assert len(fleet.pools) == (1 if lora else 3)
@@ -61,10 +79,11 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
         traces = [tr for group in fleet.take(2, 300) for tr in group]
         spoke = {(s.agent, s.policy, s.trainable) for tr in traces for s in tr.sequences}
         assert {("solver", "solver_p", True), ("verifier", "verifier_p", True)} <= spoke, spoke
-        assert spoke <= {("solver", "solver_p", True), ("verifier", "verifier_p", True),
-                         ("corrector", "frozen", False)}
-        probe = {p: next(s for tr in traces for s in tr.sequences if s.policy == p and s.completion_ids)
-                 for p in ("solver_p", "verifier_p")}
+        assert spoke <= {("solver", "solver_p", True), ("verifier", "verifier_p", True), ("corrector", "frozen", False)}
+        probe = {
+            p: next(s for tr in traces for s in tr.sequences if s.policy == p and s.completion_ids)
+            for p in ("solver_p", "verifier_p")
+        }
         frozen_engine = fleet.engines["frozen"][0]
         frozen_before = scores(frozen_engine, probe["solver_p"], "frozen")
 
@@ -83,16 +102,17 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
             after = {"solver_p": a.learners.param_digests(), "verifier_p": b.learners.param_digests()}
             assert start not in after.values() and after["solver_p"] != after["verifier_p"]
             assert metrics["train/solver_p/trained_tokens"] == sum(
-                len(s.completion_ids) for tr in traces for s in tr.sequences if s.policy == "solver_p")
+                len(s.completion_ids) for tr in traces for s in tr.sequences if s.policy == "solver_p"
+            )
             assert metrics["train/verifier_p/trained_tokens"] == sum(
-                len(s.completion_ids) for tr in traces for s in tr.sequences if s.policy == "verifier_p")
+                len(s.completion_ids) for tr in traces for s in tr.sequences if s.policy == "verifier_p"
+            )
             # invariant 4 per policy: each engine now serves its own learner's weights, as version 1
             for name, policy, other in (("solver_p", a, b), ("verifier_p", b, a)):
                 seq = probe[name]
                 served = scores(fleet.engines[name][0], seq, name)
                 mine = torch.tensor(policy.learners.logprobs(seq.prompt_ids + seq.completion_ids, len(seq.prompt_ids)))
-                theirs = torch.tensor(other.learners.logprobs(seq.prompt_ids + seq.completion_ids,
-                                                              len(seq.prompt_ids)))
+                theirs = torch.tensor(other.learners.logprobs(seq.prompt_ids + seq.completion_ids, len(seq.prompt_ids)))
                 assert (served - mine).abs().max() < 1e-3
                 assert (served - theirs).abs().max() > 1e-3, "the other policy's weights differ"
                 info = ray.get(fleet.engines[name][0].info.remote(), timeout=60)
@@ -114,8 +134,18 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
 
 
 def test_two_policies_async_stay_within_the_bound_of_their_own_clock(ray_cluster, tmp_path):
-    summary = train(compose("train", [*TWO_POLICIES, f"run_dir={tmp_path}", "trainer.max_staleness=1",
-                                      "trainer.steps=5", "trainer.groups_per_step=2"]))
+    summary = train(
+        compose(
+            "train",
+            [
+                *TWO_POLICIES,
+                f"run_dir={tmp_path}",
+                "trainer.max_staleness=1",
+                "trainer.steps=5",
+                "trainer.groups_per_step=2",
+            ],
+        )
+    )
     assert summary["trainable_policies"] == ["critic", "main"]
     steps = read_metrics(tmp_path)[-5:]
     for p in ("main", "critic"):
@@ -125,8 +155,9 @@ def test_two_policies_async_stay_within_the_bound_of_their_own_clock(ray_cluster
         assert summary["policies"][p]["version"] == 5 and summary["policies"][p]["trained_tokens"] > 0
     # the trained tokens of a step are split between the two policies, none counted twice
     for m in steps:
-        assert m["train/trained_tokens"] == (m.get("train/main/trained_tokens", 0)
-                                             + m.get("train/critic/trained_tokens", 0))
+        assert m["train/trained_tokens"] == (
+            m.get("train/main/trained_tokens", 0) + m.get("train/critic/trained_tokens", 0)
+        )
 
 
 def test_resume_with_two_policies_continues_as_the_uninterrupted_run(ray_cluster, tmp_path):
@@ -134,12 +165,22 @@ def test_resume_with_two_policies_continues_as_the_uninterrupted_run(ray_cluster
     with trainer.resume=auto: the run ends where the uninterrupted one does, step by step."""
     # no health probes: a probe request changes an engine's batch composition, and with it the last
     # bits of vLLM's log-probs, which this weights comparison (to 1e-4) is sensitive to
-    common = [*TWO_POLICIES, "trainer.save_every=2", "trainer.groups_per_step=4", "trainer.steps=4",
-              "engine.health_check_s=0"]
+    common = [
+        *TWO_POLICIES,
+        "trainer.save_every=2",
+        "trainer.groups_per_step=4",
+        "trainer.steps=4",
+        "engine.health_check_s=0",
+    ]
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     train(compose("train", [*common, f"run_dir={straight}"]))
-    driver = subprocess.Popen([sys.executable, "scripts/train.py", *common, f"run_dir={halves}"], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    driver = subprocess.Popen(
+        [sys.executable, "scripts/train.py", *common, f"run_dir={halves}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 600
         while checkpoint.latest(halves) is None and driver.poll() is None and time.monotonic() < deadline:

@@ -17,15 +17,15 @@ from trainer.losses import LossConfig
 pytestmark = pytest.mark.e2e
 
 
-def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny, tiny_tokenizer, fixed_batch,
-                                                      tmp_path):
+def test_sync_engine_matches_learner_and_tags_version(
+    engine, tiny_path, hf_tiny, tiny_tokenizer, fixed_batch, tmp_path
+):
     prompt = chat_prompt(tiny_tokenizer)
     [c] = ray.get(engine.generate.remote(prompt, SamplingConfig(max_tokens=16)))
     ids = prompt + c.completion_ids
     before = torch.tensor(ray.get(engine.score.remote(prompt, c.completion_ids)))
 
-    learners = LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=3, lr=3e-3),
-                            LossConfig())
+    learners = LearnerGroup(tiny_path, LearnerConfig(world_size=2, num_cpus=0.5, zero_stage=3, lr=3e-3), LossConfig())
     try:
         assert (torch.tensor(learners.logprobs(ids, len(prompt))) - before).abs().max() < 1e-3
         for _ in range(3):
@@ -52,14 +52,18 @@ def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, hf_tiny
         # put the shared engine back on the original weights for other tests
         from safetensors.torch import save
 
-        ray.get(engine.update_weights.remote(
-            ray.get(engine.info.remote())["version"] + 1,
-            [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})]))
+        ray.get(
+            engine.update_weights.remote(
+                ray.get(engine.info.remote())["version"] + 1,
+                [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})],
+            )
+        )
 
 
 @pytest.mark.parametrize("model,zero,transport", [("tiny", 0, "ipc"), ("tiny_tied", 3, "gloo")])
-def test_collective_sync_engine_matches_learner(model, zero, transport, engine, hf_tiny, tiny_tokenizer, fixed_batch,
-                                                request):
+def test_collective_sync_engine_matches_learner(
+    model, zero, transport, engine, hf_tiny, tiny_tokenizer, fixed_batch, request
+):
     """CollectiveSync (learner rank 0 -> engine worker, straight into the parameters) over a gloo
     group, and over the ipc protocol a GPU shares with its engines (here through POSIX shared
     memory: the same staging buffers, announcements and acks; only the handle differs): after
@@ -94,12 +98,17 @@ def test_collective_sync_engine_matches_learner(model, zero, transport, engine, 
         from safetensors.torch import save
 
         original = hf_tiny if eng is engine else AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        ray.get(eng.update_weights.remote(ray.get(eng.info.remote())["version"] + 1,
-                                          [save({k: v.detach().contiguous() for k, v in original.named_parameters()})]))
+        ray.get(
+            eng.update_weights.remote(
+                ray.get(eng.info.remote())["version"] + 1,
+                [save({k: v.detach().contiguous() for k, v in original.named_parameters()})],
+            )
+        )
 
 
-def test_a_group_that_cannot_carry_pushes_rests_instead_of_reopening_every_push(engine, tiny_path, hf_tiny,
-                                                                             monkeypatch):
+def test_a_group_that_cannot_carry_pushes_rests_instead_of_reopening_every_push(
+    engine, tiny_path, hf_tiny, monkeypatch
+):
     """A transport that fails every push (as NCCL does with two ranks on one GPU) costs one group
     open per 1, 2, 4, ... pushes, not one per push; every version still reaches the engine (through
     the object store) and is counted as a fallback."""
@@ -126,6 +135,9 @@ def test_a_group_that_cannot_carry_pushes_rests_instead_of_reopening_every_push(
         learners.shutdown()
         from safetensors.torch import save
 
-        ray.get(engine.update_weights.remote(
-            ray.get(engine.info.remote())["version"] + 1,
-            [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})]))
+        ray.get(
+            engine.update_weights.remote(
+                ray.get(engine.info.remote())["version"] + 1,
+                [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})],
+            )
+        )

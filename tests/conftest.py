@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,25 @@ def pytest_collection_modifyitems(config, items):
             f"every test needs exactly one of the marks {', '.join(TIERS)} "
             "(module `pytestmark` or a decorator):\n  " + "\n  ".join(bad)
         )
+
+
+def pytest_collection_finish(session):
+    """The selected quick benches (tests/scripts/test_bench.py) start now, in their own lane."""
+    benches = {
+        item.callspec.params["name"]
+        for item in session.items
+        if item.originalname == "test_quick" and item.module.__name__.endswith("test_bench")
+    }
+    if benches:
+        from tests.scripts import test_bench
+
+        test_bench.launch(benches)
+
+
+def pytest_sessionfinish(session):
+    bench = sys.modules.get("tests.scripts.test_bench")
+    if bench is not None:
+        bench.stop()
 
 
 # ---- fixtures: the shared real components ---------------------------------------------

@@ -247,6 +247,10 @@ def test_a_weight_load_in_progress_is_not_a_hang_and_loads_run_one_at_a_time(eng
     while ray.get(engine.info.remote())["active"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     first = engine.update_weights.remote(v0 + 1, [same])
+    # Ray starts an async actor's calls in no promised order: the second is sent once the first
+    # holds the load slot (it waits there for the requests in flight)
+    while ray.get(engine.info.remote())["loading_s"] is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     second = engine.update_weights.remote(v0 + 2, [same])
     while ray.get(engine.info.remote())["loads_waiting"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)

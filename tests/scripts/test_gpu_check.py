@@ -90,7 +90,7 @@ def test_a_stage_past_its_deadline_is_ended_with_what_it_started(tmp_path):
     has too little of the budget left and is skipped, saying so."""
     out, pidfile = tmp_path / "out", tmp_path / "escaped.pid"
     hang = stand_in_python(tmp_path, f"setsid sleep 600 & echo $! > {pidfile}; sleep 600")
-    run = gpu_check(out, timeout_s=120, STAGES="transport,stack", BUDGET_S="20", PYTHON=hang)
+    run = gpu_check(out, timeout_s=120, STAGES="transport,stack", BUDGET_S="16", PYTHON=hang)  # an 11 s deadline
     stages = summary(out)["stages"]
     assert stages["transport"]["status"] == "timeout"
     assert stages["transport"]["reason"].startswith("ended at its deadline of ")

@@ -21,7 +21,8 @@ from rollout.trace import Sequence, Trace, read_jsonl
 from tests.conftest import read_metrics as metrics
 from trainer import checkpoint
 from trainer.config import compose
-from trainer.loop import eval_summary, train
+from trainer.loop import train
+from trainer.summary import eval_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,8 +22,9 @@ from rollout.trace import Trace
 from tests.conftest import read_metrics
 from trainer import checkpoint
 from trainer.config import compose, validate
-from trainer.loop import policy_summary, train
+from trainer.loop import train
 from trainer.policy import TrainedPolicy, trained_policies
+from trainer.summary import policy_summary
 
 pytestmark = pytest.mark.e2e
 

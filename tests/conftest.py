@@ -140,7 +140,6 @@ def smoke_run(tmp_path_factory):
     process); tests that read different facts of the run share it (tests/scripts/test_train_script.py,
     test_evaluate.py), each asserting the exit code it needs."""
     import subprocess
-    import sys
 
     run_dir = tmp_path_factory.mktemp("smoke_run")
     proc = subprocess.run(

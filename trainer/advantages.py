@@ -44,6 +44,13 @@ that have a sequence of role r; for `batch_mean` it is role r's rewards over
 the batch. A role is present in a trace if any of its sequences (trainable or
 not) has that role.
 
+`role_baseline=False` keeps each role's own reward but pools every role's
+rewards into one baseline: the pool is the group (grpo/rloo: all (trace, role)
+units of the group) or the batch. A zero-sum game's pooled mean is 0, so its
+advantages carry no baseline at all: the control of SPIRAL's role-conditioned
+advantage estimation; for two cooperating roles it is the "global" normalisation
+that Dr. MAS compares per-agent statistics against.
+
 Per-agent normalisation (`normalize_per_agent=True`, Dr. MAS style)
 ------------------------------------------------------------------
 After the estimator (baseline, and std scaling if on), each role's advantages
@@ -103,6 +110,7 @@ class AdvantageConfig:
     normalize_per_agent: bool = False  # then divide each role's advantages by its batch std (Dr. MAS)
     use_turn_rewards: bool = False  # add a sequence's own `reward` to its advantage (no baseline)
     eps: float = 1e-6  # added to every std before dividing
+    role_baseline: bool = True  # with per_agent_rewards: baselines per role; False: one pool for all roles
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -207,6 +215,7 @@ def _baselined(traces: list[Trace], unit_reward: dict[Unit, float], cfg: Advanta
 
     def pool_key(unit: Unit) -> Hashable:
         i, role = unit
+        role = role if cfg.role_baseline else None
         if cfg.estimator in (Estimator.grpo, Estimator.rloo):
             return (traces[i].group, role)
         return role  # batch_mean: the whole batch (per role when per-agent)

@@ -189,6 +189,29 @@ def test_per_agent_baselines_are_per_role():
     assert got[2] == pytest.approx([1 / 3, 40 - 70 / 3, 1 / 3])
 
 
+def test_one_pooled_baseline_for_every_role():
+    # role_baseline=False: each role keeps its own reward, the pool is every role's of the group
+    ts = [two_role_trace(1, 10), two_role_trace(0, 20)]
+    pooled = AdvantageConfig(scale_by_std=False, per_agent_rewards=True, role_baseline=False)
+    # pool [1, 10, 0, 20], mean 7.75 (the per-role baselines of the test above give [0.5, -5, ...])
+    assert compute_advantages(ts, pooled) == [[-6.75, 2.25, -6.75], [-7.75, 12.25, -7.75]]
+    # a zero-sum game: the pooled mean is 0, so the rewards pass unbaselined (a first mover who
+    # wins 3 games of 4 keeps +1 per win; per-role baselines would centre it on its 0.5 mean)
+    games = [two_role_trace(1, -1), two_role_trace(1, -1), two_role_trace(1, -1), two_role_trace(-1, 1)]
+    assert [row[0] for row in compute_advantages(games, pooled)] == [1.0, 1.0, 1.0, -1.0]
+    per_role = compute_advantages(games, AdvantageConfig(scale_by_std=False, per_agent_rewards=True))
+    assert [row[0] for row in per_role] == [0.5, 0.5, 0.5, -1.5]
+    # rloo and batch_mean pool the same way
+    assert compute_advantages(ts, AdvantageConfig("rloo", per_agent_rewards=True, role_baseline=False))[0][0] == (
+        pytest.approx(1 - 30 / 3)
+    )
+    got = compute_advantages(ts, AdvantageConfig("batch_mean", False, per_agent_rewards=True, role_baseline=False))
+    assert got == compute_advantages(ts, pooled)
+    # without per-agent rewards the option changes nothing
+    plain = AdvantageConfig(role_baseline=False)
+    assert compute_advantages(ts, plain) == compute_advantages(ts, AdvantageConfig())
+
+
 def test_per_agent_falls_back_to_trace_reward():
     # role c is not in agent_rewards -> uses trace.reward (3 and 1: mean 2 -> [1, -1])
     ts = [

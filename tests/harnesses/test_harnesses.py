@@ -48,6 +48,32 @@ def test_solver_verifier_shape(run_harness, tiny_tokenizer):
     assert result.reward == task.score(final_text)
 
 
+@pytest.mark.integration
+def test_solver_verifier_with_verdicts_rewards_each_role_for_its_own_job(run_harness, tiny_tokenizer):
+    from harnesses.solver_verifier import verdict
+
+    task, seqs, result = run_harness("harnesses.solver_verifier.solver_verifier", ["solver", "verifier"], verdicts=True)
+    draft, critique, final = (text(tiny_tokenizer, s.completion_ids) for s in seqs)
+    assert "VERDICT: CORRECT or VERDICT: WRONG" in tiny_tokenizer.decode(seqs[1].prompt_ids)
+    said = verdict(critique)
+    right = said is not None and said == (task.score(draft) >= 1.0)
+    assert result.reward == task.score(final)
+    assert result.agent_rewards == {"solver": task.score(final), "verifier": float(right)}
+    assert result.info["verdict"] == said and result.info["draft_score"] == task.score(draft)
+
+
+@pytest.mark.unit
+def test_a_critiques_verdict_is_its_last_verdict_word():
+    from harnesses.solver_verifier import verdict
+
+    assert verdict("3 + 4 = 7. VERDICT: CORRECT") is True
+    assert verdict("It says 8 but 3 + 4 = 7. VERDICT: WRONG") is False
+    assert verdict("That is not correct: 3 + 4 = 7.") is False
+    assert verdict("Incorrect at first glance, but on checking it is correct.") is True
+    assert verdict("I cannot tell.") is None and verdict("") is None
+    assert verdict("correctly " * 10_000) is None  # words, not prefixes; linear in the text
+
+
 @pytest.mark.unit
 def test_as_result_rejects_bad_values():
     import math

@@ -291,7 +291,7 @@ def moved(d: dict | None) -> str:
 
 
 def sign(p: dict | None) -> str:
-    return "-" if not p else f"{p['better']} / {p['worse']}, p = {p['p_value']:.2g}"
+    return "-" if not p else f"{p['better']} / {p['worse']}, p = {p['sign_test_p']:.2g}"
 
 
 def table(rows: list[dict]) -> str:

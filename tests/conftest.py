@@ -47,22 +47,34 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """The selected quick benches (tests/scripts/test_bench.py) start now, in their own lane."""
-    benches = {
-        item.callspec.params["name"]
-        for item in session.items
-        if item.originalname == "test_quick" and item.module.__name__.endswith("test_bench")
-    }
-    if benches:
+    """The background lane (tests/lane.py) starts the selected tests' long script runs now: the
+    quick benches (tests/scripts/test_bench.py), then the baselines' quick arms
+    (tests/trainer/test_baselines_quick.py)."""
+    modules = {item.module.__name__.rsplit(".", 1)[-1] for item in session.items}
+    jobs = {}
+    if "test_bench" in modules:
         from tests.scripts import test_bench
 
-        test_bench.launch(benches)
+        benches = {
+            i.callspec.params["name"]
+            for i in session.items
+            if i.module.__name__.endswith("test_bench") and i.originalname == "test_quick"
+        }
+        jobs |= test_bench.lane_jobs(benches)
+    if "test_baselines_quick" in modules:
+        from tests.trainer import test_baselines_quick
+
+        jobs |= test_baselines_quick.lane_jobs()
+    if jobs:
+        from tests import lane
+
+        lane.launch(jobs)
 
 
 def pytest_sessionfinish(session):
-    bench = sys.modules.get("tests.scripts.test_bench")
-    if bench is not None:
-        bench.stop()
+    lane = sys.modules.get("tests.lane")
+    if lane is not None:
+        lane.stop()
 
 
 # ---- fixtures: the shared real components ---------------------------------------------

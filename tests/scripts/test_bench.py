@@ -3,22 +3,18 @@ still go through its whole code path) and keeps its promise: the last output lin
 object with the keys it documents and sane values. Benches are never run in tests for their
 numbers; this only stops them breaking unseen (one once called a config method that was gone).
 
-They run in a lane of their own, one after another from the start of the session
-(tests/conftest.py::pytest_collection_finish calls `launch`), at a lower CPU priority: the suite
-leaves a third of this 2-core box idle (waits on process starts, deadlines and restarts), and
-the benches fill it instead of adding minutes of their own. Each test here waits for its own.
+They run in the background lane (tests/lane.py), one after another from the start of the
+session, at a lower CPU priority: they fill the time the suite leaves the box idle instead of
+adding minutes of their own. Each test here waits for its own.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests import lane
 
 pytestmark = pytest.mark.e2e
 
@@ -29,23 +25,16 @@ DEADLINE_S = {"faults": 900, "e2e": 900, "learner": 900, "rollout_path": 600}  #
 
 
 def run_quick(name: str) -> dict:
-    """The bench's last output line, parsed; the output's tail in the failure message."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(
-        ["nice", "-n", "10", sys.executable, f"scripts/bench/{name}.py", "--quick"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S.get(name, 450),
-    )
-    tail = (proc.stdout + proc.stderr)[-3000:]
-    assert proc.returncode == 0, tail
-    lines = proc.stdout.strip().splitlines()
-    assert lines, tail
-    result = json.loads(lines[-1])
+    """The bench's last output line, parsed (tests/lane.py runs it)."""
+    result = lane.result(name)
     assert result["bench"] == name and result["quick"] is True, result
     return result
+
+
+def lane_jobs(names: set[str]) -> dict[str, tuple[list[str], float]]:
+    """The selected benches' quick runs, longest first (tests/conftest.py launches them)."""
+    order = sorted(names, key=lambda n: LONGEST_FIRST.index(n) if n in LONGEST_FIRST else len(LONGEST_FIRST))
+    return {n: ([f"scripts/bench/{n}.py", "--quick"], DEADLINE_S.get(n, 450)) for n in order}
 
 
 def positive(*values) -> bool:
@@ -130,29 +119,8 @@ def test_every_bench_has_a_check():
 
 
 LONGEST_FIRST = ["learner", "faults", "e2e", "lora_ops", "rollout_path", "bf16", "engine_start"]
-_lane: dict[str, concurrent.futures.Future] = {}
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def launch(names: set[str]) -> None:
-    """Start the selected benches' quick runs, longest first, one at a time in a background thread."""
-    global _pool
-    _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench")
-    for name in sorted(names, key=lambda n: LONGEST_FIRST.index(n) if n in LONGEST_FIRST else len(LONGEST_FIRST)):
-        _lane[name] = _pool.submit(run_quick, name)
-
-
-def stop() -> None:
-    """At the session's end: the benches not started yet are dropped, a running one is waited for."""
-    if _pool is not None:
-        _pool.shutdown(wait=True, cancel_futures=True)
-
-
-@pytest.fixture(scope="module")
-def launched() -> dict[str, concurrent.futures.Future]:
-    return _lane
 
 
 @pytest.mark.parametrize("name", BENCHES)
-def test_quick(name, launched):
-    CHECKS[name](launched[name].result())
+def test_quick(name):
+    CHECKS[name](run_quick(name))

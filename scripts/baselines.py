@@ -295,8 +295,22 @@ def sign(p: dict | None) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """The markdown of OUT/baselines.md: the main table, then one per extra evaluation."""
+    """The markdown of OUT/baselines.md: each arm over its seeds, every run, then one table per
+    extra evaluation."""
     out = [
+        "| arm | seeds | held-out before | after, each seed | mean change | final vs single agent, each seed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        runs = [r for r in rows if r["arm"] == arm]
+        change = mean([r["after"] - r["before"] for r in runs if r["after"] is not None and r["before"] is not None])
+        out.append(
+            f"| {arm} | {len(runs)} | {', '.join(fmt(r['before']) for r in runs)} "
+            f"| {', '.join(fmt(r['after']) for r in runs)} | {'-' if change is None else f'{change:+.3f}'} "
+            f"| {'; '.join(sign(r.get('vs_single')) for r in runs)} |"
+        )
+    out += [
+        "",
         "| arm | seed | held-out before → after | better / worse, p | solver's draft | verifier's verdict right "
         "| generated / trained tokens | grad norm max / median (spikes > 3x) | wall | final vs single agent "
         "| final vs its majority vote |",

@@ -48,12 +48,14 @@ class Arm:
     swap: dict[str, str] = field(default_factory=dict)  # role -> policy for the swapped evaluation
     vote: bool = False  # also evaluate a majority vote over 3 samples, untrained and trained
     seats: tuple[str, ...] = ()  # a game's seats: the trained player against the untrained in each
+    curve: str = "rollout/reward"  # the metric drawn per step (a zero-sum game's trace reward is 0)
 
     @property
     def preset(self) -> str:
         return f"baseline_{self.name}"
 
 
+SEATS = ("player_a", "player_b")
 ARMS = {
     a.name: a
     for a in (
@@ -63,8 +65,8 @@ ARMS = {
         Arm("single_agent", "team", vote=True),
         Arm("credit_global", "credit"),
         Arm("credit_per_agent", "credit"),
-        Arm("selfplay", "selfplay", seats=("player_a", "player_b")),
-        Arm("selfplay_no_role_baseline", "selfplay", seats=("player_a", "player_b")),
+        Arm("selfplay", "selfplay", seats=SEATS, curve="rollout/reward/player_a"),
+        Arm("selfplay_no_role_baseline", "selfplay", seats=SEATS, curve="rollout/reward/player_a"),
     )
 }
 # --quick: the tiny model, 2 steps of 2 groups of 4, 8 held-out items: every code path in minutes
@@ -230,7 +232,7 @@ def read_run(job: Job) -> dict:
         },
         "wall_s": summary["wall_s"],
         "eval_generated_tokens_per_item": mean([t.num_generated_tokens for t in last]),
-        "curve": [m.get("rollout/reward") for m in rows],
+        "curve": [m[job.arm.curve] for m in rows if job.arm.curve in m],  # training steps only
     }
     for key, rep in job.extra_evals().items():
         row[key] = read_eval(rep, last)
@@ -392,11 +394,17 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, q in zip(axes[0], questions):
         for k, arm in enumerate(dict.fromkeys(r["arm"] for r in rows if ARMS[r["arm"]].question == q)):
             for r in (r for r in rows if r["arm"] == arm):
-                ys = [y for y in r["curve"] if y is not None]
-                ax.plot(range(1, len(ys) + 1), ys, color=f"C{k}", alpha=0.8, lw=1, label=f"{arm} seed {r['seed']}")
+                ax.plot(
+                    range(1, len(r["curve"]) + 1),
+                    r["curve"],
+                    color=f"C{k}",
+                    alpha=0.8,
+                    lw=1,
+                    label=f"{arm} seed {r['seed']}",
+                )
         ax.set_title(q)
         ax.set_xlabel("step")
-        ax.set_ylabel("sampled training reward")
+        ax.set_ylabel(ARMS[arm].curve.replace("rollout/", "sampled "))
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -204,18 +204,18 @@ def fixed_batch(hf_tiny, tiny_tokenizer):
 
 @pytest.fixture(scope="session")
 def run_harness(engine, tiny_tokenizer):
-    """`run_harness(target, roles, task_index=0, frozen=(), max_tokens=16, **options)` runs a
-    harness once on a chain_sum task (2-3 terms) against the shared engine; roles in `frozen` are
-    served by the same engine under the `frozen` policy (recorded untrainable). Returns
-    (task, sequences, HarnessResult)."""
+    """`run_harness(target, roles, task_index=0, frozen=(), max_tokens=16, task=None, **options)`
+    runs a harness once on `task` (default: a chain_sum task of 2-3 terms) against the shared
+    engine; roles in `frozen` are served by the same engine under the `frozen` policy (recorded
+    untrainable). Returns (task, sequences, HarnessResult)."""
     from harnesses.base import as_result, load_harness
     from harnesses.reasoning_gym_tasks import ReasoningGymTasks
     from rollout.agents.client import Agent, ChatFormat, TraceRecorder
     from rollout.config import SamplingConfig
     from rollout.orchestration.router import Router
 
-    def run(target, roles, task_index=0, frozen=(), max_tokens=16, **options):
-        task = ReasoningGymTasks("chain_sum", {"min_terms": 2, "max_terms": 3}).train_task(task_index)
+    def run(target, roles, task_index=0, frozen=(), max_tokens=16, task=None, **options):
+        task = task or ReasoningGymTasks("chain_sum", {"min_terms": 2, "max_terms": 3}).train_task(task_index)
         rec = TraceRecorder(f"t{task_index}")
         fmt = ChatFormat(tiny_tokenizer)
         agents = {

@@ -74,6 +74,7 @@ def test_each_arm_changes_only_what_it_is_about():
         "algorithm.advantage.role_baseline",
         "algorithm.advantage.normalize_per_agent",
     }
+    assert changed("selfplay_no_role_baseline", "selfplay") == run_dir | {"algorithm.advantage.role_baseline"}
     single = changed("single_agent")
     assert single == run_dir | {
         "harness._target_",

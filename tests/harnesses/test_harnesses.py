@@ -62,6 +62,30 @@ def test_solver_verifier_with_verdicts_rewards_each_role_for_its_own_job(run_har
     assert result.info["verdict"] == said and result.info["draft_score"] == task.score(draft)
 
 
+@pytest.mark.integration
+def test_majority_vote_samples_k_fresh_answers_and_scores_the_most_common(run_harness, tiny_tokenizer):
+    from harnesses.majority_vote import majority
+
+    task, seqs, result = run_harness("harnesses.majority_vote.majority_vote", ["solver"], k=4, temperature=1.0)
+    assert len(seqs) == 4 and all(s.agent == "solver" and s.parent is None for s in seqs)
+    assert all(s.prompt_ids == seqs[0].prompt_ids and s.temperature == 1.0 for s in seqs)
+    assert len({tuple(s.completion_ids) for s in seqs}) > 1, "each call has its own seed"
+    texts = [text(tiny_tokenizer, s.completion_ids) for s in seqs]
+    answers = [task.extract_answer(t) for t in texts]
+    assert result.info["answers"] == answers
+    assert result.reward == task.score(texts[majority(answers)])
+
+
+@pytest.mark.unit
+def test_the_majority_is_the_first_sample_of_the_most_common_answer():
+    from harnesses.majority_vote import majority
+
+    assert majority(["3", "4", "4", "3"]) == 0  # a tie goes to the answer seen first
+    assert majority([None, "7", None, "8", "8"]) == 3
+    assert majority([None, None, "5"]) == 2  # no answer never wins
+    assert majority([None, None]) == 0
+
+
 @pytest.mark.unit
 def test_a_critiques_verdict_is_its_last_verdict_word():
     from harnesses.solver_verifier import verdict

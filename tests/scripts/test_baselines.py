@@ -87,13 +87,13 @@ def test_each_arm_changes_only_what_it_is_about():
     }
 
 
-def test_the_single_agent_answers_as_the_teams_solver_with_three_times_the_traces():
+def test_the_single_agent_answers_as_the_teams_solver_with_six_times_the_traces():
     single, team = (
         compose("train", ["experiment=baseline_single_agent"]),
         compose("train", ["experiment=baseline_team_shared"]),
     )
     assert single.harness.options["system"] == SOLVER_SYSTEM
-    assert single.trainer.groups_per_step == 3 * team.trainer.groups_per_step
+    assert single.trainer.groups_per_step == 6 * team.trainer.groups_per_step  # ~ the team's generated tokens
     assert (single.task, single.sampling, single.eval, single.trainer.steps) == (
         team.task,
         team.sampling,

@@ -132,22 +132,27 @@ class Job:
     def overrides(self) -> list[str]:
         return [f"experiment={self.arm.preset}", f"seed={self.seed}", *(QUICK if self.quick else [])]
 
+    @property
+    def label(self) -> str:
+        return f"{self.arm.name} seed {self.seed}"
+
     def train(self) -> None:
         if (self.dir / "summary.json").exists():
-            print(f"[baselines] {self.arm.name} seed {self.seed}: trained already ({self.dir})", flush=True)
+            print(f"[baselines] {self.label}: trained already ({self.dir})", flush=True)
             return
-        print(f"[baselines] {self.arm.name} seed {self.seed}: training into {self.dir}", flush=True)
+        log = self.dir.with_suffix(".train.log")
+        print(f"[baselines] {self.label}: training into {self.dir} (output: {log})", flush=True)
         self.dir.parent.mkdir(parents=True, exist_ok=True)
         cmd = ["scripts/train.py", *self.overrides(), f"run_dir={self.dir}", "trainer.resume=auto"]
-        wall = run(cmd, self.dir.with_suffix(".train.log"), self.timeout_s)
-        print(f"[baselines] {self.arm.name} seed {self.seed}: trained in {wall:.0f} s", flush=True)
+        wall = run(cmd, log, self.timeout_s)
+        print(f"[baselines] {self.label}: trained in {wall:.0f} s", flush=True)
 
     def evaluate(self, label: str, extra: list[str]) -> dict:
         """scripts/evaluate.py on this run's final weights (with `extra` flags and overrides); its
         report, kept in <run>/<label>.json and reused."""
         out = self.dir / f"{label}.json"
         if not out.exists():
-            print(f"[baselines] {self.arm.name} seed {self.seed}: evaluating {label}", flush=True)
+            print(f"[baselines] {self.label}: evaluating {label} (output: {self.dir / label}.log)", flush=True)
             cmd = ["scripts/evaluate.py", *self.overrides(), *extra, "--model", str(self.dir), "--out", str(out)]
             run(cmd, self.dir / f"{label}.log", self.timeout_s)
         return json.loads(out.read_text())
@@ -193,6 +198,11 @@ def mean(xs: list[float]) -> float | None:
     return round(statistics.fmean(xs), 4) if xs else None
 
 
+def mean_of(traces: list[Trace], reward) -> float | None:
+    """The mean of `reward(trace)` over the traces that have one (role_reward, draft_score)."""
+    return mean([t.reward for t in with_reward(traces, reward)])
+
+
 def grad_spikes(norms: list[float], factor: float = 3.0) -> dict:
     """Max and median gradient norm over a run's steps, and the steps above `factor` x the median."""
     if not norms:
@@ -214,17 +224,8 @@ def read_run(job: Job) -> dict:
         "before": summary["initial_eval_reward"],
         "after": summary["final_eval_reward"],
         "paired": summary["eval_paired"],
-        "roles": {
-            r: {
-                "before": mean([x.reward for x in with_reward(first, role_reward(r))]),
-                "after": mean([x.reward for x in with_reward(last, role_reward(r))]),
-            }
-            for r in roles
-        },
-        "draft": {
-            "before": mean([t.info["draft_score"] for t in first if "draft_score" in t.info]),
-            "after": mean([t.info["draft_score"] for t in last if "draft_score" in t.info]),
-        },
+        "roles": {r: {"before": mean_of(first, role_reward(r)), "after": mean_of(last, role_reward(r))} for r in roles},
+        "draft": {"before": mean_of(first, draft_score), "after": mean_of(last, draft_score)},
         "generated_tokens": int(sum(m.get("rollout/generated_tokens", 0) for m in rows)),
         "trained_tokens": int(summary["trained_tokens"]),
         "grad_norm": {
@@ -246,10 +247,9 @@ def read_eval(rep: dict, run_final: list[Trace]) -> dict:
     out = {
         "reward": rep["model"]["reward"],
         "roles": {
-            r: mean([x.reward for x in with_reward(model, role_reward(r))])
-            for r in sorted({r for t in model for r in (t.agent_rewards or {})})
+            r: mean_of(model, role_reward(r)) for r in sorted({r for t in model for r in (t.agent_rewards or {})})
         },
-        "draft": mean([t.info["draft_score"] for t in model if "draft_score" in t.info]),
+        "draft": mean_of(model, draft_score),
         "generated_tokens_per_item": mean([t.num_generated_tokens for t in model]),
         "vs_run_final": paired_comparison(run_final, model),
     }
@@ -257,7 +257,7 @@ def read_eval(rep: dict, run_final: list[Trace]) -> dict:
         base = list(read_jsonl(rep["baseline"]["traces"]))
         out["baseline_reward"] = rep["baseline"]["reward"]
         out["paired"] = rep["eval_paired"]
-        out["baseline_roles"] = {r: mean([x.reward for x in with_reward(base, role_reward(r))]) for r in out["roles"]}
+        out["baseline_roles"] = {r: mean_of(base, role_reward(r)) for r in out["roles"]}
         out["paired_roles"] = {
             r: paired_comparison(with_reward(base, role_reward(r)), with_reward(model, role_reward(r)))
             for r in out["roles"]
@@ -426,13 +426,26 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out.resolve()
     jobs = {(a.name, s): Job(a, s, out, args.quick, args.timeout_s) for a in arms for s in args.seeds}
     t0 = time.perf_counter()
+    failed: dict[str, str] = {}  # a run that fails is reported; the others go on
+    rows = []
     for job in jobs.values():
-        job.train()
-    rows = [read_run(job) for job in jobs.values()]
+        try:
+            job.train()
+        except RuntimeError as e:
+            failed[job.label] = str(e)
+            print(f"[baselines] {job.label}: FAILED: {e}", flush=True)
+    for job in jobs.values():
+        if job.label not in failed:
+            try:
+                rows.append(read_run(job))
+            except RuntimeError as e:
+                failed[job.label] = str(e)
+                print(f"[baselines] {job.label}: FAILED: {e}", flush=True)
     against_single_agent(rows, jobs)
     write_atomic(out / "baselines.json", json.dumps(rows, indent=2, allow_nan=False))
-    (out / "baselines.md").write_text(table(rows), encoding="utf-8")
-    plot(rows, out / "curves.png")
+    if rows:
+        (out / "baselines.md").write_text(table(rows), encoding="utf-8")
+        plot(rows, out / "curves.png")
     print(f"[baselines] wrote {out / 'baselines.md'}, {out / 'baselines.json'}, {out / 'curves.png'}", flush=True)
     print(
         json.dumps(
@@ -442,10 +455,13 @@ def main(argv: list[str] | None = None) -> None:
                 "runs": len(rows),
                 "after": {f"{r['arm']}/seed{r['seed']}": r["after"] for r in rows},
                 "wall_s": round(time.perf_counter() - t0, 1),
+                "failed": failed,
                 "out": str(out),
             }
         )
     )
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -296,90 +296,112 @@ def sign(p: dict | None) -> str:
     return "-" if not p else f"{p['better']} / {p['worse']}, p = {p['sign_test_p']:.2g}"
 
 
+def md(caption: str, header: list[str], lines: list[str]) -> list[str]:
+    """A markdown table after a caption (none: no caption)."""
+    head = [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *lines, ""]
+    return ([caption, ""] if caption else []) + head
+
+
 def table(rows: list[dict]) -> str:
     """The markdown of OUT/baselines.md: each arm over its seeds, every run, then one table per
     extra evaluation."""
-    out = [
-        "| arm | seeds | held-out before | after, each seed | mean change | final vs single agent, each seed |",
-        "|---|---|---|---|---|---|",
-    ]
-    for arm in dict.fromkeys(r["arm"] for r in rows):
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    by_arm = []
+    for arm in arms:
         runs = [r for r in rows if r["arm"] == arm]
         change = mean([r["after"] - r["before"] for r in runs if r["after"] is not None and r["before"] is not None])
-        out.append(
+        by_arm.append(
             f"| {arm} | {len(runs)} | {', '.join(fmt(r['before']) for r in runs)} "
             f"| {', '.join(fmt(r['after']) for r in runs)} | {'-' if change is None else f'{change:+.3f}'} "
             f"| {'; '.join(sign(r.get('vs_single')) for r in runs)} |"
         )
-    out += [
+    out = md(
         "",
-        "| arm | seed | held-out before → after | better / worse, p | solver's draft | verifier's verdict right "
-        "| generated / trained tokens | grad norm max / median (spikes > 3x) | wall | final vs single agent "
-        "| final vs its majority vote |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        ["arm", "seeds", "held-out before", "after, each seed", "mean change", "final vs single agent, each seed"],
+        by_arm,
+    )
+    every = []
     for r in rows:
         norms = "; ".join(
             f"{p} {fmt(g['max'], 2)} / {fmt(g['median'], 2)} ({g['spikes']})" for p, g in r["grad_norm"].items()
         )
-        out.append(
+        every.append(
             f"| {r['arm']} | {r['seed']} | {fmt(r['before'])} → {fmt(r['after'])} | {sign(r['paired'])} "
             f"| {moved(r['draft'])} | {moved(r['roles'].get('verifier'))} "
             f"| {r['generated_tokens']:,} / {r['trained_tokens']:,} | {norms} | {r['wall_s'] / 60:.1f} min "
             f"| {sign(r.get('vs_single'))} | {sign(r.get('vs_vote'))} |"
         )
-    swaps = [r for r in rows if "swap" in r]
+    out += md(
+        "Every run:",
+        [
+            "arm",
+            "seed",
+            "held-out before → after",
+            "better / worse, p",
+            "solver's draft",
+            "verifier's verdict right",
+            "generated / trained tokens",
+            "grad norm max / median (spikes > 3x)",
+            "wall",
+            "final vs single agent",
+            "final vs its majority vote",
+        ],
+        every,
+    )
+    swaps = [
+        f"| {r['arm']} | {r['seed']} | {fmt(r['after'])}, {fmt(r['draft']['after'])}, "
+        f"{fmt(r['roles'].get('verifier', {}).get('after'))} | {fmt(w['reward'])}, {fmt(w['draft'])}, "
+        f"{fmt(w['roles'].get('verifier'))} | {sign(w['vs_run_final'])} |"
+        for r in rows
+        if (w := r.get("swap"))
+    ]
     if swaps:
-        out += [
-            "",
+        out += md(
             "Roles' weights swapped (the verifier's weights solve, the solver's verify), the same questions:",
-            "",
-            "| arm | seed | final: reward, draft, verdict right | swapped: reward, draft, verdict right "
-            "| swapped vs final |",
-            "|---|---|---|---|---|",
-        ]
-        for r in swaps:
-            w = r["swap"]
-            out.append(
-                f"| {r['arm']} | {r['seed']} | {fmt(r['after'])}, {fmt(r['draft']['after'])}, "
-                f"{fmt(r['roles'].get('verifier', {}).get('after'))} | {fmt(w['reward'])}, {fmt(w['draft'])}, "
-                f"{fmt(w['roles'].get('verifier'))} | {sign(w['vs_run_final'])} |"
-            )
-    votes = [r for r in rows if "vote" in r]
+            [
+                "arm",
+                "seed",
+                "final: reward, draft, verdict right",
+                "swapped: reward, draft, verdict right",
+                "swapped vs final",
+            ],
+            swaps,
+        )
+    votes = [
+        f"| {r['seed']} | {fmt(v['baseline_reward'])} | {fmt(v['reward'])} | {sign(v['paired'])} "
+        f"| {sign(v['vs_run_final'])} | {fmt(v['generated_tokens_per_item'], 1)} / "
+        f"{fmt(r['eval_generated_tokens_per_item'], 1)} |"
+        for r in rows
+        if (v := r.get("vote"))
+    ]
     if votes:
-        out += [
-            "",
+        out += md(
             f"Majority vote over {VOTE_K} samples (temperature 0.7) of the single agent:",
-            "",
-            "| seed | untrained vote | trained vote | trained vs untrained | trained vote vs trained greedy "
-            "| generated tokens per question: vote / greedy |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in votes:
-            v = r["vote"]
-            out.append(
-                f"| {r['seed']} | {fmt(v['baseline_reward'])} | {fmt(v['reward'])} | {sign(v['paired'])} "
-                f"| {sign(v['vs_run_final'])} | {fmt(v['generated_tokens_per_item'], 1)} / "
-                f"{fmt(r['eval_generated_tokens_per_item'], 1)} |"
-            )
-    seats = [r for r in rows if any(k in r for k in ARMS[r["arm"]].seats)]
+            [
+                "seed",
+                "untrained vote",
+                "trained vote",
+                "trained vs untrained",
+                "trained vote vs trained greedy",
+                "generated tokens per question: vote / greedy",
+            ],
+            votes,
+        )
+    seats = [
+        f"| {r['arm']} | {r['seed']} | {seat} | {fmt(r[seat]['baseline_roles'].get(seat))} "
+        f"| {fmt(r[seat]['roles'].get(seat))} | {sign(r[seat]['paired_roles'].get(seat))} |"
+        for r in rows
+        for seat in ARMS[r["arm"]].seats
+        if seat in r
+    ]
     if seats:
-        out += [
-            "",
+        out += md(
             "The trained player against the untrained model (zero-sum: +1 win, -1 loss), each seat; "
             "untrained = the untrained model in both seats:",
-            "",
-            "| arm | seed | seat | untrained | trained | better / worse, p |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in seats:
-            for seat in ARMS[r["arm"]].seats:
-                e = r[seat]
-                out.append(
-                    f"| {r['arm']} | {r['seed']} | {seat} | {fmt(e['baseline_roles'].get(seat))} "
-                    f"| {fmt(e['roles'].get(seat))} | {sign(e['paired_roles'].get(seat))} |"
-                )
-    return "\n".join(out) + "\n"
+            ["arm", "seed", "seat", "untrained", "trained", "better / worse, p"],
+            seats,
+        )
+    return "\n".join(out)
 
 
 def plot(rows: list[dict], path: Path) -> None:

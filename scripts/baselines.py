@@ -190,6 +190,16 @@ def role_reward(role: str):
     return lambda t: (t.agent_rewards or {}).get(role)
 
 
+def forfeited(role: str):
+    """1.0 when `role` lost a game by an illegal move (harnesses/selfplay.py's info), 0.0 when it
+    played and did not; None when it never moved."""
+    return lambda t: (
+        None
+        if role not in (t.agent_rewards or {})
+        else float(bool(t.info.get("forfeit")) and t.info.get("winner") != role)
+    )
+
+
 def draft_score(t: Trace) -> float | None:
     return t.info.get("draft_score")
 
@@ -258,6 +268,9 @@ def read_eval(rep: dict, run_final: list[Trace]) -> dict:
         out["baseline_reward"] = rep["baseline"]["reward"]
         out["paired"] = rep["eval_paired"]
         out["baseline_roles"] = {r: mean_of(base, role_reward(r)) for r in out["roles"]}
+        if any("forfeit" in t.info for t in model):  # a game: how often each seat lost by an illegal move
+            out["forfeits"] = {r: mean_of(model, forfeited(r)) for r in out["roles"]}
+            out["baseline_forfeits"] = {r: mean_of(base, forfeited(r)) for r in out["roles"]}
         out["paired_roles"] = {
             r: paired_comparison(with_reward(base, role_reward(r)), with_reward(model, role_reward(r)))
             for r in out["roles"]
@@ -389,7 +402,8 @@ def table(rows: list[dict]) -> str:
         )
     seats = [
         f"| {r['arm']} | {r['seed']} | {seat} | {fmt(r[seat]['baseline_roles'].get(seat))} "
-        f"| {fmt(r[seat]['roles'].get(seat))} | {sign(r[seat]['paired_roles'].get(seat))} |"
+        f"| {fmt(r[seat]['roles'].get(seat))} | {sign(r[seat]['paired_roles'].get(seat))} "
+        f"| {fmt(r[seat].get('baseline_forfeits', {}).get(seat))} → {fmt(r[seat].get('forfeits', {}).get(seat))} |"
         for r in rows
         for seat in ARMS[r["arm"]].seats
         if seat in r
@@ -398,7 +412,7 @@ def table(rows: list[dict]) -> str:
         out += md(
             "The trained player against the untrained model (zero-sum: +1 win, -1 loss), each seat; "
             "untrained = the untrained model in both seats:",
-            ["arm", "seed", "seat", "untrained", "trained", "better / worse, p"],
+            ["arm", "seed", "seat", "untrained", "trained", "better / worse, p", "its games lost by an illegal move"],
             seats,
         )
     return "\n".join(out)

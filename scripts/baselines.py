@@ -4,6 +4,7 @@
     python scripts/baselines.py --arms team --seeds 1 2   # role specialisation and its controls
     python scripts/baselines.py --arms credit_global,credit_per_agent --seeds 1
     python scripts/baselines.py --quick --out /tmp/b      # every arm on the tiny model, 2 steps
+    python scripts/baselines.py --no-train                # the table of the runs finished so far
 
 Each arm is an experiment preset (conf/experiment/baseline_*.yaml) trained by scripts/train.py
 once per seed into OUT/<arm>/seed<k>; a finished run (its summary.json) is kept and read, so an
@@ -453,6 +454,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="the seeds (default 1 2)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "baselines", help="where the runs go")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 steps: the code paths only")
+    parser.add_argument(
+        "--no-train",
+        action="store_true",
+        help="train nothing: the finished runs' table (and their missing evaluations)",
+    )
     parser.add_argument("--timeout-s", type=float, default=3600, help="the deadline of each training or evaluation")
     args = parser.parse_args(argv)
     try:
@@ -464,6 +470,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     failed: dict[str, str] = {}  # a run that fails is reported; the others go on
     rows = []
+    missing = [j.label for j in jobs.values() if args.no_train and not (j.dir / "summary.json").exists()]
+    jobs = {key: j for key, j in jobs.items() if j.label not in missing}
     for job in jobs.values():
         try:
             job.train()
@@ -492,6 +500,7 @@ def main(argv: list[str] | None = None) -> None:
                 "after": {f"{r['arm']}/seed{r['seed']}": r["after"] for r in rows},
                 "wall_s": round(time.perf_counter() - t0, 1),
                 "failed": failed,
+                "not_trained": missing,
                 "out": str(out),
             }
         )

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-TWO_TRAINED = {"smollm2_two_policies"}  # two learners and two pools: more than one GPU's shares
+TWO_TRAINED = {"smollm2_two_policies", "baseline_team_full"}  # two learners and two pools: more than one GPU's shares
 
 
 def test_every_cluster_preset_has_its_learner_part():
@@ -40,8 +40,9 @@ def test_every_experiment_fits_one_gpu_with_the_gpu_preset(experiment):
     assert sum(a.memory * a.count for a in asks) <= 0.9
 
 
-def test_two_trained_policies_do_not_fit_one_gpu_and_the_error_says_which_keys():
-    cfg = compose("train", ["experiment=smollm2_two_policies", "cluster=gpu", "ray.num_gpus=1"])
+@pytest.mark.parametrize("experiment", sorted(TWO_TRAINED))
+def test_two_trained_policies_do_not_fit_one_gpu_and_the_error_says_which_keys(experiment):
+    cfg = compose("train", [f"experiment={experiment}", "cluster=gpu", "ray.num_gpus=1"])
     with pytest.raises(
         ValueError,
         match=r"needs 2 GPU\(s\) \(engines of pool 'critic': 1 x engine.num_gpus=0.25;"
@@ -49,7 +50,7 @@ def test_two_trained_policies_do_not_fit_one_gpu_and_the_error_says_which_keys()
         r"cluster \(ray.num_gpus=1\) has 1: .*cluster=gpu holds one learner rank",
     ):
         validate(cfg)
-    validate(compose("train", ["experiment=smollm2_two_policies", "cluster=gpu", "ray.num_gpus=2"]))
+    validate(compose("train", [f"experiment={experiment}", "cluster=gpu", "ray.num_gpus=2"]))
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)

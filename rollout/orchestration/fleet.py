@@ -50,8 +50,10 @@ class RolloutFleet:
         self._stop_watch = threading.Event()
         self._watchdog: threading.Thread | None = None
         self.workers: list = []
-        self._inflight: dict[ray.ObjectRef, tuple[int, list[int]]] = {}  # RolloutWorker.run call -> (worker, tasks)
-        self.worker_restarts = 0  # run calls resubmitted to a restarted worker
+        # RolloutWorker.run call -> (worker, tasks, the worker's life it was sent to)
+        self._inflight: dict[ray.ObjectRef, tuple[int, list[int], int]] = {}
+        self._lives: list[int] = []  # per worker: the restarts seen so far (one death fails all its calls)
+        self.worker_restarts = 0  # rollout workers that died and were restarted
         self._takes = 0  # buffer.get calls so far (numbers them, for buffer.interrupt)
         try:
             models = {p: cfg.policy_model(p) for p in cfg.used_policies()}
@@ -71,6 +73,7 @@ class RolloutFleet:
             self.vocab_sizes = {p: info["vocab_size"] for p, info in zip(self.engines, infos)}
             self.buffer = spawn_buffer(cfg.rollout.group_size, self.vocab_sizes)
             self.workers = spawn_workers(cfg, self.engines, self.model_paths, self.buffer)
+            self._lives = [0] * len(self.workers)
             if any(cfg.policy_engine(p).health_check_s > 0 for p in self.engines):
                 self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
                 self._watchdog.start()
@@ -90,7 +93,7 @@ class RolloutFleet:
         n = len(self.workers)
         for i, w in enumerate(self.workers):
             if task_indices[i::n]:
-                self._inflight[w.run.remote(task_indices[i::n])] = (i, task_indices[i::n])
+                self._inflight[w.run.remote(task_indices[i::n])] = (i, task_indices[i::n], self._lives[i])
 
     def take(self, num_groups: int, timeout_s: float) -> list[list[Trace]]:
         """Block until `num_groups` complete groups are buffered and take them, oldest first.
@@ -123,17 +126,21 @@ class RolloutFleet:
         (rollout.max_worker_restarts) and the call goes to it again with `rerun`: the groups it had
         not completed start over (their partial traces are dropped), the complete ones are not run
         twice. Any other error, or a worker out of restarts, is raised with context."""
-        worker, tasks = self._inflight.pop(ref)
+        worker, tasks, life = self._inflight.pop(ref)
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            self._await_restart(worker, e, "running its unfinished groups again")
-            self._inflight[self.workers[worker].run.remote(tasks, rerun=True)] = (worker, tasks)
+            self._await_restart(worker, life, e, "running its unfinished groups again")
+            self._inflight[self.workers[worker].run.remote(tasks, rerun=True)] = (worker, tasks, self._lives[worker])
         except Exception as e:
             raise RuntimeError(f"rollout worker {worker} failed: {e}") from e
 
-    def _await_restart(self, worker: int, error: Exception, then: str) -> None:
-        """Wait until Ray has restarted dead rollout worker `worker`; RuntimeError if it does not come back."""
+    def _await_restart(self, worker: int, life: int, error: Exception, then: str) -> None:
+        """Wait until Ray has restarted dead rollout worker `worker`; RuntimeError if it does not come back.
+        `life`: the worker's restarts when the failed call was sent; a call that dies with a life already
+        restarted (the worker held two calls when it died) goes to the restarted worker at once."""
+        if life < self._lives[worker]:
+            return
         limit = self.cfg.rollout.worker_restart_timeout_s
         if not wait_until_restarted(self.workers[worker], "stats", limit):
             raise RuntimeError(
@@ -142,6 +149,7 @@ class RolloutFleet:
                 f"rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): "
                 f"{error}"
             ) from error
+        self._lives[worker] += 1
         self.worker_restarts += 1
         log.warning(f"[rollout] worker {worker} died ({type(error).__name__}); {then}")
 
@@ -167,6 +175,7 @@ class RolloutFleet:
         given, hears how many runs have finished, every `progress_s` seconds until all have."""
         n = len(self.workers)
         shares = {i: list(range(i, size, n)) for i in range(n)}
+        lives = list(self._lives)  # each worker's life its share was sent to
         pending = {w.evaluate.remote(shares[i], sampling, samples): i for i, w in enumerate(self.workers) if shares[i]}
         deadline = time.monotonic() + timeout_s
         traces: list = [None] * (size * samples)
@@ -185,7 +194,8 @@ class RolloutFleet:
             try:
                 part = ray.get(done[0])
             except ray.exceptions.RayActorError as e:
-                self._await_restart(i, e, "evaluating its share of the held-out tasks again")
+                self._await_restart(i, lives[i], e, "evaluating its share of the held-out tasks again")
+                lives[i] = self._lives[i]
                 pending[self.workers[i].evaluate.remote(shares[i], sampling, samples)] = i
                 continue
             for j, trace in enumerate(part):
@@ -294,6 +304,7 @@ class RolloutFleet:
             if actor is not None:
                 ray.kill(actor)
         self.workers, self.buffer, self.pools, self.engines, self.stores, self._inflight = [], None, {}, {}, {}, {}
+        self._lives = []
 
 
 def probe_engine(engine, timeout_s: float, load_timeout_s: float = float("inf")) -> str:

@@ -11,13 +11,14 @@ def _index(task) -> int:
     return int(task.id.rsplit("/", 1)[1])
 
 
-async def flaky(task, agents, raise_on: int = 1, hang_on: int = 2, nan_on: int = 3):
-    """One model call; then raises / hangs / returns NaN on the chosen task indices."""
+async def flaky(task, agents, raise_on: int = 1, hang_on: int = 2, nan_on: int = 3, hang_from: int = 100):
+    """One model call; then raises / hangs / returns NaN on the chosen task indices (hangs from
+    `hang_from` on too)."""
     text = await agents["solver"].chat(task.prompt, max_tokens=8)
     i = _index(task)
     if i == raise_on:
         raise RuntimeError(f"harness bug on task {i}")
-    if i == hang_on:
+    if i == hang_on or i >= hang_from:
         await asyncio.sleep(3600)
     if i == nan_on:
         return float("nan")

@@ -2,7 +2,7 @@
 `take` and `evaluate` return, and that every wait ends with a named error.
 
 The fleet runs tests/rollout/flaky_harnesses.py's `flaky`: one model call, then it raises on
-task 1, hangs on task 2 (until rollout.timeout_s) and behaves on tasks 0 and 5-7.
+task 1, hangs on task 2 and tasks 100+ (until rollout.timeout_s) and behaves on tasks 0 and 5-7.
 """
 
 import asyncio
@@ -110,6 +110,21 @@ def test_engine_infos_wait_for_an_engine_that_is_restarting(fleet):
     psutil.wait_procs([process], timeout=30)
     [info] = fleet.engine_infos()
     assert info["pid"] != process.pid
+
+
+def test_a_worker_that_dies_holding_two_calls_is_one_restart_and_both_run_again(fleet):
+    """An async run has the next step's groups sent before this step's are taken, so a worker can
+    die holding two run calls: both fail, both go to the restarted worker, and the run counts one
+    restart (before, one per call: CI once saw 2 for the one worker the fault test kills)."""
+    restarts = fleet.worker_restarts
+    fleet.submit([2, 102])
+    fleet.submit([104, 103])  # each worker holds two calls, each of a group that hangs for 5 s
+    time.sleep(1.0)
+    ray.kill(fleet.workers[0], no_restart=False)
+    groups = fleet.take(4, timeout_s=120)
+    workers = {g[0].info["task"].rsplit("/", 1)[1]: g[0].info["worker"] for g in groups}
+    assert workers == {"2": 0, "104": 0, "102": 1, "103": 1}, workers
+    assert fleet.worker_restarts == restarts + 1
 
 
 def test_evaluation_survives_a_worker_that_dies(fleet):

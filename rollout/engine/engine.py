@@ -403,10 +403,17 @@ class Engine:
             "active": self._active,
             "finished": self._finished,
             "pid": os.getpid(),
+            "core_pids": self._core_pids(),
             "loading_s": None if self._loading_since is None else time.monotonic() - self._loading_since,
             "loads_waiting": self._loads_waiting,
             "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
         }
+
+    def _core_pids(self) -> list[int]:
+        """The pids of vLLM's engine-core processes (engine.core=process; none on the thread core)."""
+        client = getattr(self._llm, "engine_core", None)
+        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+        return [p.pid for p in getattr(manager, "processes", None) or [] if p.pid is not None]
 
     async def shutdown(self) -> None:
         self._shut_down = True

@@ -211,13 +211,10 @@ def test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals(ray_cl
     stores = {"main": spawn_stores(["main"])}  # with a store, Ray restarts a dead engine
     [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), cfg)}, stores=stores)["main"]
     try:
-        pid = ray.get(e.info.remote(), timeout=60)["pid"]
-        cores = [
-            p
-            for p in psutil.Process(pid).children(recursive=True)
-            if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()
-        ]
-        assert cores, "vLLM's engine core runs in a child process of the engine actor"
+        info = ray.get(e.info.remote(), timeout=60)
+        pid = info["pid"]
+        cores = [psutil.Process(core) for core in info["core_pids"]]
+        assert cores and all(c.ppid() == pid for c in cores), "vLLM's engine core runs in a child process of the actor"
         for core in cores:
             core.kill()
         psutil.wait_procs(cores, timeout=30)

@@ -3,7 +3,7 @@
     python scripts/baselines.py                           # every arm, 2 seeds (hours on a 2-core box)
     python scripts/baselines.py --arms team --seeds 1 2   # role specialisation and its controls
     python scripts/baselines.py --arms credit_global,credit_per_agent --seeds 1
-    python scripts/baselines.py --quick --out /tmp/b      # every arm on the tiny model, 2 steps
+    python scripts/baselines.py --quick --out /tmp/b      # every arm on the tiny model, 2 steps (tests)
     python scripts/baselines.py --no-train                # the table of the runs finished so far
 
 Each arm is an experiment preset (conf/experiment/baseline_*.yaml) trained by scripts/train.py
@@ -82,6 +82,9 @@ QUICK = [
     "sampling.max_tokens=16",
     "engine.kv_cache_gb=0.25",
 ]
+# --quick skips these arms' extra evaluations: the same code path as another arm's (the two
+# self-play presets differ only in their advantage)
+QUICK_NO_EXTRAS = {"selfplay_no_role_baseline"}
 VOTE_K = 3  # the team's model calls per question (draft, critique, final)
 
 
@@ -163,6 +166,8 @@ class Job:
 
     def extra_evals(self) -> dict:
         arm, found = self.arm, {}
+        if self.quick and arm.name in QUICK_NO_EXTRAS:
+            return found
         if arm.swap:
             found["swap"] = self.evaluate("swapped", [f"agents.{role}={p}" for role, p in arm.swap.items()])
         if arm.vote:

@@ -1,8 +1,9 @@
 """Every arm of scripts/baselines.py on the tiny model (`--quick`: 2 steps of 2 groups of 4, 8
 held-out items, one seed), so that the presets and the script cannot rot: each arm trains, each
-extra evaluation runs (roles' weights swapped, the majority vote, the seats of a game), and the
-table, its JSON and the curves are written. Not a learning result: the numbers are the tiny
-model's. The run goes in the background lane (tests/lane.py) from the session's start.
+kind of extra evaluation runs (roles' weights swapped, the majority vote, the seats of a game;
+once per code path, QUICK_NO_EXTRAS), and the table, its JSON and the curves are written. Not a
+learning result: the numbers are the tiny model's. The run goes in the background lane
+(tests/lane.py) from the session's start.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.baselines import ARMS
+from scripts.baselines import ARMS, QUICK_NO_EXTRAS
 from tests import lane
 
 pytestmark = pytest.mark.e2e
@@ -52,10 +53,11 @@ def test_every_arm_trains_and_reaches_the_table():
         assert 0 <= vote["baseline_reward"] <= 1 and vote["paired"]["questions"] > 0, vote
         for name in ("team_shared", "team_lora", "team_full", "credit_global", "credit_per_agent"):
             assert rows[name]["vs_single"]["questions"] > 0 and "vs_vote" in rows[name], name
-        for name in ("selfplay", "selfplay_no_role_baseline"):  # both seats against the untrained model
-            for seat in ("player_a", "player_b"):  # (the tiny model's player_a may forfeit before b moves)
-                assert seat in rows[name] and "player_a" in rows[name][seat]["forfeits"], rows[name]
-            assert rows[name]["player_a"]["paired_roles"]["player_a"]["questions"] > 0, rows[name]
+        for seat in ("player_a", "player_b"):  # both seats against the untrained model
+            # (the tiny model's player_a may forfeit before b moves)
+            assert seat in rows["selfplay"] and "player_a" in rows["selfplay"][seat]["forfeits"], rows["selfplay"]
+        assert rows["selfplay"]["player_a"]["paired_roles"]["player_a"]["questions"] > 0, rows["selfplay"]
+        assert not any(key in rows[name] for name in QUICK_NO_EXTRAS for key in ("player_a", "player_b", "swap"))
         table = (OUT / "baselines.md").read_text()
         assert all(f"| {name} | 1 |" in table for name in ARMS), table
         assert (OUT / "curves.png").stat().st_size > 1000

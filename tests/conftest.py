@@ -74,7 +74,11 @@ def pytest_collection_finish(session):
 def pytest_sessionfinish(session):
     lane = sys.modules.get("tests.lane")
     if lane is not None:
-        lane.stop()
+        line = lane.stop()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:  # the suite's time: the lane's jobs can be its tail
+            reporter.ensure_newline()
+            reporter.write_line(line)
 
 
 # ---- fixtures: the shared real components ---------------------------------------------

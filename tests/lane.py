@@ -14,16 +14,21 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 _jobs: dict[str, concurrent.futures.Future] = {}
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+_since = time.monotonic()  # the session's start (this module is imported at collection)
+walls: dict[str, tuple[float, float]] = {}  # job -> (its start, seconds into the session; its wall seconds)
 
 
-def run_script(args: list[str], deadline_s: float) -> dict:
+def run_script(args: list[str], deadline_s: float, name: str | None = None) -> dict:
     """Run `python <args>` from the repository root at nice 10; its last output line, parsed as
-    JSON. A non-zero exit or a last line that is not JSON fails with the output's tail."""
+    JSON. A non-zero exit or a last line that is not JSON fails with the output's tail. `name`:
+    its wall time is kept in `walls` under it."""
+    t0 = time.monotonic()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(
         ["nice", "-n", "10", sys.executable, *args],
@@ -33,6 +38,8 @@ def run_script(args: list[str], deadline_s: float) -> dict:
         text=True,
         timeout=deadline_s,
     )
+    if name is not None:
+        walls[name] = (t0 - _since, time.monotonic() - t0)
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail
     lines = proc.stdout.strip().splitlines()
@@ -46,7 +53,7 @@ def launch(jobs: dict[str, tuple[list[str], float]]) -> None:
     if _pool is None:
         _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lane")
     for name, (args, deadline_s) in jobs.items():
-        _jobs[name] = _pool.submit(run_script, args, deadline_s)
+        _jobs[name] = _pool.submit(run_script, args, deadline_s, name)
 
 
 def result(name: str) -> dict:
@@ -54,7 +61,10 @@ def result(name: str) -> dict:
     return _jobs[name].result()
 
 
-def stop() -> None:
-    """At the session's end: jobs not started yet are dropped, a running one is waited for."""
+def stop() -> str:
+    """At the session's end: jobs not started yet are dropped, a running one is waited for. A line
+    of what the lane ran: each job's start (seconds into the session) and wall seconds."""
     if _pool is not None:
         _pool.shutdown(wait=True, cancel_futures=True)
+    jobs = ", ".join(f"{n} {start:.0f}+{wall:.0f}s" for n, (start, wall) in walls.items())
+    return f"background lane (job start+wall): {jobs or 'none ran'}"

@@ -77,7 +77,7 @@ def pytest_sessionfinish(session):
         line = lane.stop()
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:  # the suite's time: the lane's jobs can be its tail
-            reporter.ensure_newline()
+            reporter.write("\n")  # after the progress dots
             reporter.write_line(line)
 
 

@@ -60,8 +60,8 @@ def test_a_space_too_small_for_the_held_out_set_fails_naming_the_fix():
     with pytest.raises(ValueError, match=r"8 positions, and task.eval_size=8 holds out all of them; lower"):
         NimPositions("nim", small, eval_size=8)
     assert len(NimPositions("nim", small, eval_size=7).eval_tasks()) == 7
-    with pytest.raises(ValueError, match="task.eval_size=32 holds out all of them"):
-        validate(compose("train", ["experiment=baseline_selfplay", "task.params.max_stones=10"]))
+    with pytest.raises(ValueError, match="20 positions, and task.eval_size=24 holds out all of them"):
+        validate(compose("train", ["experiment=baseline_selfplay", "task.params.max_stones=9"]))
 
 
 @pytest.mark.unit
@@ -184,4 +184,6 @@ def test_selfplay_presets_are_one_policy_on_both_seats_with_per_agent_rewards(pr
     adv = cfg.algorithm.advantage
     assert adv.per_agent_rewards and not adv.normalize_per_agent
     assert adv.role_baseline == (preset == "baseline_selfplay")
-    assert cfg.task.eval_size == cfg.eval.size == 32  # held out unseen: tests/scripts/test_baselines.py
+    assert cfg.task.eval_size == cfg.eval.size == 24  # held out unseen: tests/scripts/test_baselines.py
+    # a game takes at most a move per stone: no game of the preset's piles is cut at max_moves
+    assert cfg.task.params["max_stones"] <= cfg.harness.options["max_moves"]

@@ -19,7 +19,8 @@ run's own held-out eval cannot:
 
 Then one table (OUT/baselines.md and .json: held-out before -> after with the paired sign test,
 each role's own reward, generated and trained tokens, gradient norms, wall time; each team arm
-paired against the single agent of the same seed) and the sampled training reward per step of
+paired against the single agent of the same seed; a game's illegal moves, moves and perfect-play
+winners before -> after) and the sampled training reward per step of
 every arm (OUT/curves.png). The last output line is a JSON summary.
 """
 
@@ -206,6 +207,23 @@ def forfeited(role: str):
     )
 
 
+def game_stats(traces: list[Trace]) -> dict | None:
+    """A game's traces in short (harnesses/selfplay.py's info; None for other harnesses): how
+    many, the share lost by an illegal move, moves per game, and the share won by the seat that
+    perfect play wins (`first_player_wins`; a game cut at max_moves counts as not)."""
+    games = [t.info for t in traces if "forfeit" in t.info]
+    if not games:
+        return None
+    return {
+        "games": len(games),
+        "forfeits": mean([float(bool(g["forfeit"])) for g in games]),
+        "moves": mean([float(g["moves"]) for g in games]),
+        "as_theory": mean(
+            [float(g["winner"] is not None and (g["winner"] == "player_a") == g["first_player_wins"]) for g in games]
+        ),
+    }
+
+
 def draft_score(t: Trace) -> float | None:
     return t.info.get("draft_score")
 
@@ -251,6 +269,8 @@ def read_run(job: Job) -> dict:
         "eval_generated_tokens_per_item": mean([t.num_generated_tokens for t in last]),
         "curve": [m[job.arm.curve] for m in rows if job.arm.curve in m],  # training steps only
     }
+    if (games := game_stats(last)) is not None:
+        row["games"] = {"before": game_stats(first), "after": games}
     for key, rep in job.extra_evals().items():
         row[key] = read_eval(rep, last)
     return row
@@ -405,6 +425,18 @@ def table(rows: list[dict]) -> str:
                 "generated tokens per question: vote / greedy",
             ],
             votes,
+        )
+    games = [
+        f"| {r['arm']} | {r['seed']} | {fmt(b['forfeits'])} → {fmt(a['forfeits'])} "
+        f"| {fmt(b['moves'], 1)} → {fmt(a['moves'], 1)} | {fmt(b['as_theory'])} → {fmt(a['as_theory'])} |"
+        for r in rows
+        if (g := r.get("games")) and (b := g["before"]) and (a := g["after"])
+    ]
+    if games:
+        out += md(
+            "The game's held-out positions played by the policy in both seats (greedy), before → after training:",
+            ["arm", "seed", "games lost by an illegal move", "moves a game", "won by the seat perfect play wins"],
+            games,
         )
     seats = [
         f"| {r['arm']} | {r['seed']} | {seat} | {fmt(r[seat]['baseline_roles'].get(seat))} "

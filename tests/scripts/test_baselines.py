@@ -2,7 +2,7 @@
 
 Each preset composes and validates, changes from its reference exactly what its arm is about, and
 holds out questions no training draw repeats. The arms themselves run on the tiny model in
-tests/test_baselines_quick.py.
+tests/trainer/test_baselines_quick.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 from harnesses.base import normalize_question
 from harnesses.solver_verifier import SOLVER_SYSTEM
 from rollout.config import make_task_source
-from scripts.baselines import ARMS, QUICK, grad_spikes, pick_arms
+from rollout.trace import Trace
+from scripts.baselines import ARMS, QUICK, game_stats, grad_spikes, pick_arms
 from trainer.config import compose, validate
 
 pytestmark = pytest.mark.unit
@@ -113,3 +114,20 @@ def test_arms_are_picked_by_question_or_name():
 def test_gradient_spikes_are_counted_against_the_median():
     assert grad_spikes([1.0, 1.2, 0.9, 5.0, 1.1]) == {"max": 5.0, "median": 1.1, "spikes": 1}
     assert grad_spikes([]) == {"max": None, "median": None, "spikes": 0}
+
+
+def game(winner, forfeit: bool, moves: int, first_player_wins: bool) -> Trace:
+    """A Nim trace's info as harnesses/selfplay.py writes it (its sequences do not matter here)."""
+    info = {"moves": moves, "winner": winner, "forfeit": forfeit, "first_player_wins": first_player_wins}
+    return Trace(id=f"g{moves}", group="g", sequences=[], info=info)
+
+
+def test_a_games_summary_counts_illegal_moves_and_perfect_play_winners():
+    games = [
+        game("player_b", True, 1, True),  # a forfeits a won position: an illegal move, not as theory
+        game("player_a", False, 5, True),  # a wins its won position
+        game("player_b", False, 6, False),  # b wins a lost-for-a position
+        game(None, False, 24, False),  # cut at max_moves: no winner, not as theory
+    ]
+    assert game_stats(games) == {"games": 4, "forfeits": 0.25, "moves": 9.0, "as_theory": 0.5}
+    assert game_stats([Trace(id="q", group="q", sequences=[], info={"draft_score": 1.0})]) is None

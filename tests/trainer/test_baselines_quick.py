@@ -57,9 +57,14 @@ def test_every_arm_trains_and_reaches_the_table():
             # (the tiny model's player_a may forfeit before b moves)
             assert seat in rows["selfplay"] and "player_a" in rows["selfplay"][seat]["forfeits"], rows["selfplay"]
         assert rows["selfplay"]["player_a"]["paired_roles"]["player_a"]["questions"] > 0, rows["selfplay"]
+        for name in ("selfplay", "selfplay_no_role_baseline"):  # the held-out games in short, before and after
+            games = rows[name]["games"]
+            assert games["before"]["games"] == games["after"]["games"] == rows[name]["paired"]["questions"], games
+            assert 0 <= games["after"]["forfeits"] <= 1 and games["after"]["moves"] >= 1, games
         assert not any(key in rows[name] for name in QUICK_NO_EXTRAS for key in ("player_a", "player_b", "swap"))
         table = (OUT / "baselines.md").read_text()
         assert all(f"| {name} | 1 |" in table for name in ARMS), table
+        assert "games lost by an illegal move" in table, table
         assert (OUT / "curves.png").stat().st_size > 1000
     finally:
         shutil.rmtree(OUT, ignore_errors=True)

@@ -209,8 +209,10 @@ def forfeited(role: str):
 
 def game_stats(traces: list[Trace]) -> dict | None:
     """A game's traces in short (harnesses/selfplay.py's info; None for other harnesses): how
-    many, the share lost by an illegal move, moves per game, and the share won by the seat that
-    perfect play wins (`first_player_wins`; a game cut at max_moves counts as not)."""
+    many, the share lost by an illegal move, moves per game, the share won by the seat that
+    perfect play wins (`first_player_wins`; a game cut at max_moves counts as not), and the share
+    played out one stone a move (moves == the starting pile: legal, but no strategy; its winner
+    is the pile's parity)."""
     games = [t.info for t in traces if "forfeit" in t.info]
     if not games:
         return None
@@ -221,6 +223,7 @@ def game_stats(traces: list[Trace]) -> dict | None:
         "as_theory": mean(
             [float(g["winner"] is not None and (g["winner"] == "player_a") == g["first_player_wins"]) for g in games]
         ),
+        "one_a_move": mean([float(not g["forfeit"] and g["moves"] == g["stones"]) for g in games]),
     }
 
 
@@ -428,14 +431,22 @@ def table(rows: list[dict]) -> str:
         )
     games = [
         f"| {r['arm']} | {r['seed']} | {fmt(b['forfeits'])} → {fmt(a['forfeits'])} "
-        f"| {fmt(b['moves'], 1)} → {fmt(a['moves'], 1)} | {fmt(b['as_theory'])} → {fmt(a['as_theory'])} |"
+        f"| {fmt(b['moves'], 1)} → {fmt(a['moves'], 1)} | {fmt(b['as_theory'])} → {fmt(a['as_theory'])} "
+        f"| {fmt(b['one_a_move'])} → {fmt(a['one_a_move'])} |"
         for r in rows
         if (g := r.get("games")) and (b := g["before"]) and (a := g["after"])
     ]
     if games:
         out += md(
             "The game's held-out positions played by the policy in both seats (greedy), before → after training:",
-            ["arm", "seed", "games lost by an illegal move", "moves a game", "won by the seat perfect play wins"],
+            [
+                "arm",
+                "seed",
+                "games lost by an illegal move",
+                "moves a game",
+                "won by the seat perfect play wins",
+                "played out one stone a move",
+            ],
             games,
         )
     seats = [

@@ -116,18 +116,19 @@ def test_gradient_spikes_are_counted_against_the_median():
     assert grad_spikes([]) == {"max": None, "median": None, "spikes": 0}
 
 
-def game(winner, forfeit: bool, moves: int, first_player_wins: bool) -> Trace:
+def game(winner, forfeit: bool, moves: int, first_player_wins: bool, stones: int = 24) -> Trace:
     """A Nim trace's info as harnesses/selfplay.py writes it (its sequences do not matter here)."""
     info = {"moves": moves, "winner": winner, "forfeit": forfeit, "first_player_wins": first_player_wins}
+    info["stones"] = stones
     return Trace(id=f"g{moves}", group="g", sequences=[], info=info)
 
 
-def test_a_games_summary_counts_illegal_moves_and_perfect_play_winners():
+def test_a_games_summary_counts_illegal_moves_perfect_play_winners_and_one_stone_games():
     games = [
         game("player_b", True, 1, True),  # a forfeits a won position: an illegal move, not as theory
         game("player_a", False, 5, True),  # a wins its won position
-        game("player_b", False, 6, False),  # b wins a lost-for-a position
-        game(None, False, 24, False),  # cut at max_moves: no winner, not as theory
+        game("player_b", False, 6, False, stones=6),  # b wins a lost-for-a position, one stone a move
+        game(None, False, 24, False, stones=40),  # cut at max_moves: no winner, not as theory
     ]
-    assert game_stats(games) == {"games": 4, "forfeits": 0.25, "moves": 9.0, "as_theory": 0.5}
+    assert game_stats(games) == {"games": 4, "forfeits": 0.25, "moves": 9.0, "as_theory": 0.5, "one_a_move": 0.25}
     assert game_stats([Trace(id="q", group="q", sequences=[], info={"draft_score": 1.0})]) is None

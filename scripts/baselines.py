@@ -19,9 +19,9 @@ run's own held-out eval cannot:
 
 Then one table (OUT/baselines.md and .json: held-out before -> after with the paired sign test,
 each role's own reward, generated and trained tokens, gradient norms, wall time; each team arm
-paired against the single agent of the same seed; a game's illegal moves, moves and perfect-play
-winners before -> after) and the sampled training reward per step of
-every arm (OUT/curves.png). The last output line is a JSON summary.
+paired against the single agent of the same seed; a game's illegal moves, moves, perfect-play
+winners and one-stone games before -> after) and the sampled training reward per step of every
+arm (OUT/curves.png). The last output line is a JSON summary.
 """
 
 from __future__ import annotations

@@ -118,8 +118,13 @@ def test_gradient_spikes_are_counted_against_the_median():
 
 def game(winner, forfeit: bool, moves: int, first_player_wins: bool, stones: int = 24) -> Trace:
     """A Nim trace's info as harnesses/selfplay.py writes it (its sequences do not matter here)."""
-    info = {"moves": moves, "winner": winner, "forfeit": forfeit, "first_player_wins": first_player_wins}
-    info["stones"] = stones
+    info = {
+        "moves": moves,
+        "winner": winner,
+        "forfeit": forfeit,
+        "first_player_wins": first_player_wins,
+        "stones": stones,
+    }
     return Trace(id=f"g{moves}", group="g", sequences=[], info=info)
 
 

@@ -106,17 +106,3 @@ def test_token_conversation_equals_template_rendering(model):
     cut = fmt.encode("It is")
     closed = fmt.continuation(cut, [{"role": "user", "content": "go on"}])
     assert tok.decode(closed).startswith("<|im_end|>")
-
-
-@pytest.mark.unit
-def test_continuation_cache_is_bounded(tiny_tokenizer):
-    """Every new follow-up turn (a gateway tool result, a critique) is a cache key: the cache keeps
-    the most recently used _TAILS_MAX of them, and an evicted one renders the same again."""
-    from rollout.agents.client import _TAILS_MAX
-
-    fmt = ChatFormat(tiny_tokenizer)
-    first = fmt.continuation([1, 2], [{"role": "tool", "content": "result 0"}])
-    for k in range(1, _TAILS_MAX + 50):
-        fmt.continuation([1, 2], [{"role": "tool", "content": f"result {k}"}])
-    assert len(fmt._tails) == _TAILS_MAX
-    assert fmt.continuation([1, 2], [{"role": "tool", "content": "result 0"}]) == first

@@ -16,6 +16,7 @@ Two jobs, two reward streams of different means and spreads: the credit baseline
 
 from __future__ import annotations
 
+import inspect
 import re
 
 from harnesses.base import HarnessResult
@@ -50,6 +51,8 @@ async def solver_verifier(task, agents, system: str = SOLVER_SYSTEM, verdicts: b
     info = {"draft_score": draft_score, "answer": task.answer}
     if not verdicts:
         return HarnessResult(reward=reward, info=info)
+    if inspect.isawaitable(draft_score):  # an LLM judge's score (harnesses/judge.py): its value is needed now
+        draft_score = info["draft_score"] = await draft_score
     said = verdict(critique)
     right = said is not None and said == (draft_score >= 1.0)
     info["verdict"] = said

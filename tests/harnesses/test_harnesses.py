@@ -203,6 +203,21 @@ def test_orchestrator_plan_parsing():
     assert subtasks(plan, 5) == ["add 3 and 4", "then add 5", "check it"]
     assert subtasks(plan, 2) == ["add 3 and 4", "then add 5"]
     assert subtasks("no list here", 3) == []
+    assert subtasks("  -   padded item  \t\n-\n- \n1) last", 5) == ["padded item", "last"]
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(30)
+def test_orchestrator_plan_parsing_is_linear_in_the_plan():
+    """Rewards review #13: the plan's item pattern was quadratic in blank lines (16k newlines: 7 s on
+    the worker's event loop here; 64k: ~2 minutes). A deadline 1000x over the linear parse's time,
+    as a hang guard: the quadratic one cannot meet it."""
+    from harnesses.orchestrator import subtasks
+
+    assert subtasks("\n" * 64_000 + "no plan", 3) == []
+    assert subtasks("\n" * 200_000 + "- a", 3) == ["a"]
+    assert subtasks("- a" + " " * 200_000, 3) == ["a"]
+    assert subtasks("x\n" * 100_000 + "- a\n- b", 3) == ["a", "b"]
 
 
 @pytest.mark.integration

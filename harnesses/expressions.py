@@ -12,6 +12,10 @@ input, with hard limits on length, digits per number and nesting depth, so a
 400 kB answer is refused before it is tokenized. Values are exact
 (`fractions.Fraction`); there is no power operator, so a value's size is
 bounded by the answer's length.
+
+`integers=True` refuses decimal literals: a puzzle's numbers are integers, and a
+decimal such as `81.0000000005` can hide a second number in its digits
+(rewards review #1).
 """
 
 from __future__ import annotations
@@ -37,22 +41,28 @@ class Expression:
     text: str  # canonical form: fully parenthesised, built from the parse tree
     value: Fraction | None  # exact value; None when it divides by zero
     numbers: tuple[str, ...]  # the number literals, in order, as re-printed
+    operators: tuple[str, ...]  # the binary operators, in order (unary minus is not one)
 
 
-def parse_expression(text: str, operators: tuple[str, ...] = OPERATORS) -> Expression:
+def parse_expression(text: str, operators: tuple[str, ...] = OPERATORS, integers: bool = False) -> Expression:
     """Parse `text` as `expr := term (('+'|'-') term)*; term := unary (('*'|'/') unary)*;
     unary := '-' unary | '(' expr ')' | number`, using only the binary `operators` given
-    (unary minus is always allowed: SymPy prints gold answers such as `-37 + 98`).
-    Raises ExpressionError saying what was wrong."""
+    (unary minus is always allowed: SymPy prints gold answers such as `-37 + 98`), and only
+    integer literals if `integers`. Raises ExpressionError saying what was wrong."""
     if len(text) > MAX_CHARS:
         raise ExpressionError(f"expression of {len(text)} characters (the limit is {MAX_CHARS})")
     bad = set(operators) - set(OPERATORS)
     assert not bad, f"operators {sorted(bad)} are not in the whitelist grammar {OPERATORS}"
-    parser = _Parser(_tokens(text), frozenset(operators))
+    tokens = _tokens(text)
+    if integers:
+        decimal = next((t for t in tokens if "." in t), None)
+        if decimal is not None:
+            raise ExpressionError(f"the decimal {decimal[:40]!r}: this task's numbers are integers")
+    parser = _Parser(tokens, frozenset(operators))
     text_out, value = parser.expr(0)
     if parser.pos != len(parser.tokens):
         raise ExpressionError(f"unexpected {parser.tokens[parser.pos]!r} after a complete expression")
-    return Expression(text_out, value, tuple(parser.numbers))
+    return Expression(text_out, value, tuple(parser.numbers), tuple(parser.binary_operators))
 
 
 def _tokens(text: str) -> list[str]:
@@ -78,6 +88,7 @@ class _Parser:
     def __init__(self, tokens: list[str], operators: frozenset[str]):
         self.tokens, self.operators, self.pos = tokens, operators, 0
         self.numbers: list[str] = []
+        self.binary_operators: list[str] = []
 
     def peek(self) -> str | None:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
@@ -99,6 +110,7 @@ class _Parser:
         if op not in self.operators:
             raise ExpressionError(f"operator {op!r} is not allowed here (allowed: {' '.join(sorted(self.operators))})")
         self.pos += 1
+        self.binary_operators.append(op)
         right, rvalue = operand(depth)
         return f"({left} {op} {right})", _apply(op, lvalue, rvalue)
 

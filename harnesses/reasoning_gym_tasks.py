@@ -1,18 +1,39 @@
-"""Tasks from reasoning-gym datasets, scored by each dataset's own verifier.
+"""Tasks from reasoning-gym datasets: the shipped ones scored by checks of ours, the rest by each
+dataset's own verifier in a sandbox.
 
 `ReasoningGymTasks` is a deterministic source of training tasks (by index) and
 of a held-out evaluation set for one reasoning-gym dataset. A
 `ReasoningGymTask` is a plain picklable dataclass (it travels to Ray actors);
 it holds only the dataset name, the dataset params and the reasoning-gym
-entry, and the scorer is rebuilt lazily in whichever process scores it.
+entry, and any scorer is rebuilt lazily in whichever process scores it.
 
-Model output is hostile input: several reasoning-gym verifiers evaluate the
-answer as code (`EVALUATING_DATASETS`). An answer therefore passes our own
-grammar first (`check_answer`): an arithmetic expression for countdown and
-puzzle24, handed on re-printed from its parse tree (harnesses/expressions.py);
-a plain number for the numeric datasets; bounded length for the rest. A
-dataset that evaluates answers and has no grammar here is refused. The
-verifier then runs in a sandbox process (harnesses/sandbox.py), the second wall.
+Model output is hostile input, and an RL run finds every way a scorer pays for
+less than the task (docs/harnesses.md, "Model output is untrusted"). The shipped
+datasets are therefore scored here, from our own parse of the answer and the
+item, never by reasoning-gym's `score_answer` (whose puzzle24 scorer truncates
+the value with int() and never checks which numbers were used, and whose others
+pay partial credit to any number containing the gold; rewards review #1, #2, #10):
+
+* countdown and puzzle24 (`EXPRESSION_DATASETS`): an arithmetic expression
+  (harnesses/expressions.py) of integer literals over the operators the task
+  allows, using each of the item's numbers exactly once (as a multiset: every
+  question says "using all of these numbers" and "each number once"), whose exact
+  `Fraction` value is the target. 1 or 0: no credit for a near value or a wrong set
+  of numbers (reasoning-gym gave 0.05 for those).
+* basic_arithmetic, chain_sum and gsm_symbolic (`NUMBER_DATASETS`): one plain
+  number whose exact value (`Decimal`) is the gold's. 1 or 0.
+
+An answer that breaks a task's rules (not its grammar, the wrong numbers, a
+division by zero) scores 0 and says why through `note_scoring`; a well-formed
+answer of another value scores 0 silently: it is just wrong.
+
+Other datasets keep reasoning-gym's verifier, and several of those evaluate the
+answer as code (`EVALUATING_DATASETS`): one with no grammar here is refused. The
+rest get bounded length (`answer_limit`) and then run their verifier in a sandbox
+process (harnesses/sandbox.py), the second wall. That call is synchronous, as
+`Task.score` is for every harness that compares a score with a number; the length
+bound keeps a verifier that is slow on long answers (propositional_logic:
+quadratic) far from the sandbox's 2 s limit (rewards review #14).
 """
 
 from __future__ import annotations
@@ -20,8 +41,10 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -56,29 +79,63 @@ EVALUATING_DATASETS = frozenset(
     }
 )
 EXPRESSION_DATASETS = frozenset({"countdown", "puzzle24"})  # answers: arithmetic over + - * /
-# Answers compared as numbers (Decimal, float or text): anything else in the tag is not an answer.
+# Answers compared as numbers (Decimal): anything else in the tag is not an answer.
 NUMBER_DATASETS = frozenset({"basic_arithmetic", "chain_sum", "gsm_symbolic"})
-MAX_ANSWER_CHARS = 10000  # for the other datasets' answers (sudoku and ARC grids are a few hundred)
+PUZZLE24_TARGET = 24  # reasoning-gym's puzzle24 always asks for 24 ("Make 24 using ..."); no metadata says so
+# Answer length for the datasets scored by reasoning-gym: at most ANSWER_CHARS_PER_GOLD_CHAR times the
+# gold answer's length (at least MIN_ANSWER_CHARS), at most MAX_ANSWER_CHARS (sudoku and ARC grids are
+# a few hundred characters, tower_of_hanoi's moves up to 4,000); ANSWER_CHARS names datasets with no
+# gold answer whose verifier is slow on long answers.
+MAX_ANSWER_CHARS = 10000
+MIN_ANSWER_CHARS = 256
+ANSWER_CHARS_PER_GOLD_CHAR = 4
+# propositional_logic: its verifier is quadratic in the formula (1 kB: 0.36 s, 4 kB: past the sandbox's
+# 2 s limit); its example answers are a few dozen characters.
+ANSWER_CHARS = {"propositional_logic": 256}
 
 
 class RejectedAnswer(ValueError):
-    """An answer our grammar refuses: it scores 0 and never reaches the verifier."""
+    """An answer that breaks the task's rules: it scores 0, and the message says why."""
 
 
-def check_answer(dataset: str, params: Mapping[str, Any], answer: str) -> str:
-    """The form of `answer` the verifier may see, or RejectedAnswer saying why there is none."""
-    if dataset in EXPRESSION_DATASETS:
-        try:
-            return parse_expression(answer, _operators(dataset, params)).text
-        except ExpressionError as e:
-            raise RejectedAnswer(f"not an arithmetic expression: {e}") from None
-    if dataset in NUMBER_DATASETS:
-        if not is_plain_number(answer):
-            raise RejectedAnswer(f"not a plain number ({len(answer)} characters: {answer[:40]!r})")
-        return answer
-    if len(answer) > MAX_ANSWER_CHARS:
-        raise RejectedAnswer(f"{len(answer)} characters (the limit is {MAX_ANSWER_CHARS})")
-    return answer
+def score_expression(dataset: str, params: Mapping[str, Any], metadata: Mapping[str, Any], answer: str) -> float:
+    """countdown / puzzle24: 1.0 if `answer` is an expression of integers over the task's operators that
+    uses each of the item's numbers exactly once and equals the target exactly, else 0.0; RejectedAnswer
+    when it breaks those rules (0.0 for a well-formed expression of another value)."""
+    try:
+        expression = parse_expression(answer, _operators(dataset, params), integers=True)
+    except ExpressionError as e:
+        raise RejectedAnswer(f"not an arithmetic expression: {e}") from None
+    allowed = Counter(int(n) for n in metadata["numbers"])
+    used = Counter(int(n) for n in expression.numbers)
+    if used != allowed:
+        raise RejectedAnswer(f"it uses the numbers {_few(used)}; the puzzle's are {_few(allowed)}, each exactly once")
+    if expression.value is None:
+        raise RejectedAnswer("it divides by zero")
+    target = metadata["target"] if dataset == "countdown" else PUZZLE24_TARGET
+    return float(expression.value == Fraction(int(target)))
+
+
+def _few(numbers: Counter) -> str:
+    listed = sorted(numbers.elements())
+    return str(listed) if len(listed) <= 12 else f"[{', '.join(map(str, listed[:12]))}, ... ({len(listed)} numbers)]"
+
+
+def score_number(answer: str, gold: str) -> float:
+    """basic_arithmetic / chain_sum / gsm_symbolic: 1.0 if `answer` is one plain number of exactly the
+    gold's value, else 0.0; RejectedAnswer when it is not a plain number."""
+    if not is_plain_number(answer):
+        raise RejectedAnswer(f"not a plain number ({len(answer)} characters: {answer[:40]!r})")
+    return float(Decimal(answer.replace(",", "")) == Decimal(gold.replace(",", "")))
+
+
+def answer_limit(dataset: str, gold: str | None) -> int:
+    """The longest answer that goes to `dataset`'s reasoning-gym verifier (see ANSWER_CHARS)."""
+    if dataset in ANSWER_CHARS:
+        return ANSWER_CHARS[dataset]
+    if gold is None:
+        return MAX_ANSWER_CHARS
+    return min(MAX_ANSWER_CHARS, max(MIN_ANSWER_CHARS, ANSWER_CHARS_PER_GOLD_CHAR * len(gold)))
 
 
 def _operators(dataset: str, params: Mapping[str, Any]) -> tuple[str, ...]:
@@ -91,7 +148,7 @@ def _check_answers_are_guarded(name: str, params: Mapping[str, Any]) -> None:
         raise ValueError(
             f"reasoning-gym dataset {name!r} scores answers by evaluating them as Python/SymPy code, and "
             f"tracerl has no answer grammar for it (model output would run as code); use another "
-            f"task.name, or add a grammar for it to check_answer in harnesses/reasoning_gym_tasks.py"
+            f"task.name, or add a scorer of ours for it to ReasoningGymTask.score in harnesses/reasoning_gym_tasks.py"
         )
     if name in EXPRESSION_DATASETS:
         bad = sorted(set(_operators(name, params)) - set(OPERATORS))
@@ -223,15 +280,21 @@ class ReasoningGymTask:
         return extract_answer(text, numeric_fallback=self.numeric)
 
     def score(self, text: str) -> float:
-        """Score a model's output text with the dataset's verifier: 0.0..1.0. An answer our grammar
-        refuses scores 0.0 (the reason goes to `note_scoring`); the rest goes to the verifier in a
-        sandbox process, where one that runs out of time or memory raises SandboxError, which
-        fails this trace only."""
+        """Score a model's output text: 0.0..1.0 (1.0 or 0.0 for the datasets scored here). An answer
+        that breaks the task's rules scores 0.0 (the reason goes to `note_scoring`). Another dataset's
+        answer goes to its verifier in a sandbox process, where one that runs out of time or memory
+        raises SandboxError, which fails this trace only."""
         answer = self.extract_answer(text)
         if answer is None:
             return 0.0
         try:
-            answer = check_answer(self.dataset, self.params, answer)
+            if self.dataset in EXPRESSION_DATASETS:
+                return score_expression(self.dataset, self.params, self.entry["metadata"], answer)
+            if self.dataset in NUMBER_DATASETS:
+                return score_number(answer, self.answer)
+            limit = answer_limit(self.dataset, self.answer)
+            if len(answer) > limit:
+                raise RejectedAnswer(f"{len(answer)} characters (the limit is {limit})")
         except RejectedAnswer as e:
             note_scoring(f"answer rejected: {e}")
             return 0.0

@@ -13,7 +13,7 @@ import pytest
 
 from harnesses import reasoning_gym_tasks
 from harnesses.answers import extract_answer
-from harnesses.base import TaskSource, load_task_source, normalize_question
+from harnesses.base import TaskSource, collect_scoring_notes, load_task_source, normalize_question
 from harnesses.reasoning_gym_tasks import DEFAULT_INSTRUCTION, ReasoningGymTask, ReasoningGymTasks
 from harnesses.synthetic import DigitTasks
 from tests.conftest import EASY_CHAIN_SUM
@@ -43,19 +43,19 @@ def test_gold_answer_in_tags_scores_one(name):
 
 
 @pytest.mark.parametrize("name", NUMERIC)
-def test_wrong_answer_scores_below_one(name):
+def test_wrong_answer_scores_zero(name):
     for task in _tasks(name):
-        assert task.score(f"<answer>{_wrong(task.answer)}</answer>") < 1.0, task.id
+        assert task.score(f"<answer>{_wrong(task.answer)}</answer>") == 0.0, task.id
 
 
-def test_countdown_wrong_expression_scores_below_one():
+def test_countdown_wrong_expression_scores_zero():
     for task in _tasks("countdown"):
         numbers = task.entry["metadata"]["numbers"]
         # Uses every number once but sums them: different value from the target for these items.
         wrong = " + ".join(map(str, numbers))
         assert eval(wrong) != task.entry["metadata"]["target"]
-        assert task.score(f"<answer>{wrong}</answer>") < 1.0
-        assert task.score("<answer>1 + 1</answer>") < 1.0
+        assert task.score(f"<answer>{wrong}</answer>") == 0.0
+        assert task.score("<answer>1 + 1</answer>") == 0.0
 
 
 @pytest.mark.parametrize("name", NUMERIC)
@@ -281,10 +281,113 @@ def test_an_operator_outside_the_expression_grammar_is_refused():
         ReasoningGymTasks("puzzle24", params={"operators": ["+", "**"]}, eval_size=0)
 
 
-def test_countdown_answers_reach_the_verifier_re_printed():
-    """The verifier sees the expression rebuilt from its parse tree; an operator the task does not
-    allow is refused."""
-    assert reasoning_gym_tasks.check_answer("countdown", {}, " 3*(4 + 5) - -2 ") == "((3 * (4 + 5)) - (-2))"
-    src = ReasoningGymTasks("puzzle24", params={"operators": ["+", "-"]}, eval_size=0)
-    with pytest.raises(reasoning_gym_tasks.RejectedAnswer, match=r"operator '\*' is not allowed"):
-        reasoning_gym_tasks.check_answer("puzzle24", src.params, "3 * 8")
+def test_an_operator_the_task_does_not_allow_is_refused_saying_so():
+    task = ReasoningGymTasks("puzzle24", params={"operators": ["+", "-"]}, eval_size=0).train_task(0)
+    with collect_scoring_notes() as notes:
+        assert task.score("<answer>3 * 8</answer>") == 0.0
+    assert len(notes) == 1 and "operator '*' is not allowed" in notes[0]
+
+
+# ---- the shipped datasets: scored by checks of ours (rewards review #1, #2, #10) -------------------
+
+
+def _score(task, answer: str) -> tuple[float, list[str]]:
+    with collect_scoring_notes() as notes:
+        return task.score(f"<answer>{answer}</answer>"), notes
+
+
+def _subset_solution(numbers: list[int], target: int) -> tuple[int, str, int, list[int]] | None:
+    """(a, op, b, the other numbers) with `a op b == target`, two of `numbers`, when there is one."""
+    for i, a in enumerate(numbers):
+        for j, b in enumerate(numbers):
+            for op, value in (("+", a + b), ("-", a - b), ("*", a * b)):
+                if i != j and value == target:
+                    return a, op, b, [n for k, n in enumerate(numbers) if k not in (i, j)]
+    return None
+
+
+def test_countdown_decimal_literals_cannot_hide_numbers():
+    """rewards review #1: `81.0000000005` counted as 81 and 5 (a `\\b\\d+\\b` count), and the value's error
+    hid under reasoning-gym's float tolerance; a solution from 2 of the numbers scored 1.0."""
+    src, hacked = ReasoningGymTasks("countdown", eval_size=0), 0
+    for i in range(200):
+        task = src.train_task(i)
+        meta = task.entry["metadata"]
+        found = _subset_solution(meta["numbers"], meta["target"])
+        if found is None or len(found[3]) != 2:
+            continue
+        a, op, b, (c, d) = found
+        score, notes = _score(task, f"{a}.0000000000{c} {op} {b}.0000000000{d}")
+        assert score == 0.0 and len(notes) == 1 and "the decimal" in notes[0], (task.id, notes)
+        assert _score(task, f"{a} {op} {b}")[0] == 0.0, "two of the numbers do not solve it"
+        hacked += 1
+    assert hacked >= 3, "items with a two-number solution and two numbers to hide"
+
+
+def test_countdown_pays_nothing_for_a_wrong_or_partial_answer():
+    """rewards review #1: reasoning-gym pays 0.05 for an expression with the wrong numbers or value."""
+    for task in _tasks("countdown"):
+        numbers = task.entry["metadata"]["numbers"]
+        assert _score(task, " + ".join(map(str, numbers))) == (0.0, []), "every number once, another value: wrong"
+        score, notes = _score(task, "1 + 1")
+        assert score == 0.0 and "the puzzle's are" in notes[0]
+        score, notes = _score(task, f"{task.answer} + {numbers[0]} - {numbers[0]}")
+        assert score == 0.0 and "each exactly once" in notes[0], "a number used twice"
+
+
+def test_puzzle24_checks_its_numbers_and_the_exact_value():
+    """rewards review #2: reasoning-gym's puzzle24 scorer checks only that 4 numbers are in range and
+    truncates the value with int(): `4*6*1*1` and `4*6 + 2/3` scored 1.0 on every item."""
+    src = ReasoningGymTasks("puzzle24", eval_size=0)
+    tasks = [src.train_task(i) for i in range(10)]
+    for task in tasks:
+        if sorted(task.entry["metadata"]["numbers"]) != [1, 1, 4, 6]:
+            assert _score(task, "4*6*1*1")[0] == 0.0, task.id
+        assert _score(task, "4*6 + 2/3")[0] == 0.0, task.id
+        assert _score(task, task.answer) == (1.0, [])
+    # the puzzle's own numbers, each once, worth 24.x: int() made it 24
+    task = next(t for t in tasks if sorted(t.entry["metadata"]["numbers"]) == [3, 8, 9, 9])
+    near = "((9 * 9) - 8) / 3"
+    assert 24 < eval(near) < 25 and int(eval(near)) == 24
+    assert _score(task, near) == (0.0, []), "the right numbers, a wrong value"
+
+
+@pytest.mark.parametrize("name", NUMERIC)
+def test_number_tasks_pay_only_the_exact_value(name):
+    """rewards review #10: basic_arithmetic and chain_sum paid len(gold)/len(answer) to a number that
+    contains the gold (`-106475279601` for 106475279601: 0.923); gsm_symbolic read `-44` as 44."""
+    for task in _tasks(name, 8):
+        gold = task.answer
+        if gold != "0":
+            assert _score(task, f"{gold}0") == (0.0, []), task.id
+        if not gold.startswith("-") and gold != "0":
+            assert _score(task, f"-{gold}") == (0.0, []), task.id
+            assert _score(task, f"+{gold}.0") == (1.0, []), "the same value"
+        assert _score(task, f"{gold}.0000000001") == (0.0, [])
+
+
+def test_shipped_tasks_score_without_reasoning_gyms_scorer(monkeypatch):
+    """Every shipped dataset scores in this process, from our own parse: with the sandbox (where
+    reasoning-gym's score_answer runs) gone, gold, wrong and refused answers still score."""
+    tasks = {name: _tasks(name, 2) for name in [*DATASETS, "puzzle24"]}
+    monkeypatch.setattr(reasoning_gym_tasks, "_SANDBOX", None)
+    for name, items in tasks.items():
+        for task in items:
+            assert _score(task, task.answer)[0] == 1.0, name
+            assert _score(task, "1 + 1")[0] == 0.0 and _score(task, "12345678")[0] == 0.0, name
+
+
+def test_a_long_answer_to_a_slow_reasoning_gym_verifier_is_refused_unread():
+    """rewards review #14: propositional_logic's verifier is quadratic; 8 kB of `P ∧ P ∧ ...` ran past the
+    sandbox's 2 s limit (a failed trace and a 3 s stall of the worker's event loop). It is refused
+    unread now; other datasets' answers are bounded by their gold's length."""
+    task = ReasoningGymTasks("propositional_logic", size=10, eval_size=0).train_task(0)
+    answer = " ∧ ".join(["P"] * 1999)
+    score, notes = _score(task, answer)  # a SandboxError here: the answer reached the verifier
+    assert score == 0.0 and notes == [f"answer rejected: {len(answer)} characters (the limit is 256)"]
+    assert reasoning_gym_tasks.answer_limit("spell_backward", "abc") == reasoning_gym_tasks.MIN_ANSWER_CHARS
+    assert reasoning_gym_tasks.answer_limit("sudoku", "1 " * 80) == 640
+    assert reasoning_gym_tasks.answer_limit("boxnet", None) == reasoning_gym_tasks.MAX_ANSWER_CHARS
+    spelled = ReasoningGymTasks("spell_backward", size=10, eval_size=0).train_task(0)
+    assert _score(spelled, spelled.answer) == (1.0, [])
+    assert _score(spelled, spelled.answer * 100)[1][0].startswith("answer rejected: ")

@@ -5,12 +5,17 @@
 * `exact`: the answer equals the gold answer, case and white space aside.
 * `numeric`: a plain number (harnesses/answers.py's grammar) within `abs_tol` or
   `rel_tol` of the gold number; without an `<answer>` tag, the last number in the text.
-* `math`: arithmetic equivalence: answer and gold parse as expressions over
-  + - * / and parentheses (harnesses/expressions.py, exact fractions; `\\frac{a}{b}`,
-  `\\cdot`, `\\times`, `\\div`, `$` and `\\boxed{...}` are read too) and have the same value.
+* `math`: the same exact value: the answer is a number or a fraction in lowest terms
+  (`-0.75`, `3/4`, `\\frac{3}{4}`), the gold any expression over + - * / and
+  parentheses (harnesses/expressions.py, exact fractions; `\\cdot`, `\\times`, `\\div`,
+  `$` and `\\boxed{...}` are read too). An answer that is itself an expression
+  (`3 - 4 + 7`, `12/4`) is refused unless `expressions: true`: otherwise restating the
+  question's own arithmetic scores 1 without computing anything (rewards review #9).
 * `regex`: the answer fully matches the item's gold answer taken as a pattern
-  (the `regex` engine, whose matching stops at `timeout_s`).
-* `choice`: multiple choice, one letter of `letters` (`B`, `(B)`, `B.` and `B)` read as B).
+  (the `regex` engine, whose matching stops at `timeout_s`); a gold whose counted
+  repeats would unroll into more than MAX_UNROLLED atoms when compiled is refused.
+* `choice`: multiple choice, one letter of `letters` (`B`, `(B)`, `B.` and `B)` read as B);
+  a gold or an answer that is not exactly one of them (`AB`, `""`) is refused.
 * `judge`: an LLM judge, a frozen model asked in the episode (harnesses/judge.py).
 * `package.module:function`: a user function `function(completion, answer, metadata)`
   returning a reward in [0, 1], imported at start and run in a sandbox process
@@ -30,16 +35,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from fractions import Fraction
 from typing import Any, ClassVar
 
 import regex
 
 from harnesses.answers import extract_answer, is_plain_number
 from harnesses.base import note_scoring
-from harnesses.expressions import ExpressionError, parse_expression
+from harnesses.expressions import Expression, ExpressionError, parse_expression
 
 KEY = "task.params.verifier"
 
@@ -135,9 +141,14 @@ def _number(text: str) -> Decimal:
 @dataclass
 class Math(Verifier):
     name = "math"
-    instruction = "Give the final answer as <answer>EXPRESSION</answer>."
     numeric_fallback = True
     max_chars: int = 1000
+    expressions: bool = False  # accept any expression of the gold's value, not only a number or a fraction
+
+    @property
+    def instruction(self) -> str:  # type: ignore[override]  (a ClassVar elsewhere)
+        what = "EXPRESSION" if self.expressions else "NUMBER"
+        return f"Give the final answer as <answer>{what}</answer>."
 
     def read(self, text: str) -> str | None:
         tagged = extract_answer(text, numeric_fallback=False)
@@ -146,19 +157,36 @@ class Math(Verifier):
         return _last_boxed(text) or extract_answer(text, numeric_fallback=True)
 
     def check_gold(self, gold: str) -> None:
-        if _value(gold) is None:
+        if _parse(gold).value is None:
             raise ValueError(f"{gold[:40]!r} divides by zero")
 
     def compare(self, answer: str, gold: str | None, metadata: dict[str, Any]) -> float:
         try:
-            value = _value(answer)
+            expression = _parse(answer)
         except ValueError as e:
             note_scoring(f"answer rejected: not an arithmetic expression: {e}")
             return 0.0
-        if value is None:
+        if expression.value is None:
             note_scoring("answer rejected: it divides by zero")
             return 0.0
-        return float(value == _value(gold))
+        why = None if self.expressions else _not_a_number(expression)
+        if why is not None:
+            note_scoring(f"answer rejected: {why} ({KEY}_options.expressions=true accepts expressions)")
+            return 0.0
+        return float(expression.value == _parse(gold).value)
+
+
+def _not_a_number(expression: Expression) -> str | None:
+    """Why `expression` is not a number (unary minus allowed) or a fraction of integers in lowest
+    terms; None when it is one."""
+    if not expression.operators:
+        return None
+    if expression.operators == ("/",) and not any("." in n for n in expression.numbers):
+        numerator, denominator = (int(n) for n in expression.numbers)
+        if denominator > 1 and math.gcd(numerator, denominator) == 1:
+            return None
+        return f"the fraction {numerator}/{denominator} is not in lowest terms"
+    return f"an expression ({expression.text[:60]}), not a number or a fraction"
 
 
 # LaTeX spellings read as the grammar's: a plain text substitution (linear), never evaluation.
@@ -180,12 +208,13 @@ _LATEX = (
 )
 
 
-def _value(text: str) -> Fraction | None:
-    """The exact value of an arithmetic expression (None: it divides by zero); ValueError if it is none."""
+def _parse(text: str) -> Expression:
+    """An arithmetic expression, LaTeX spellings read (its value None: it divides by zero); ValueError
+    if it is none."""
     for old, new in _LATEX:
         text = text.replace(old, new)
     try:
-        return parse_expression(text).value
+        return parse_expression(text)
     except ExpressionError as e:
         raise ValueError(str(e)) from None
 
@@ -216,6 +245,12 @@ class Regex(Verifier):
             raise ValueError(f"{KEY}_options.timeout_s={self.timeout_s} must be > 0")
 
     def check_gold(self, gold: str) -> None:
+        size = unrolled_size(gold)
+        if size > MAX_UNROLLED:
+            raise ValueError(
+                f"{gold[:60]!r}: its counted repeats ({{n}}, {{n,m}}) unroll into about {size} atoms when "
+                f"compiled (the limit is {MAX_UNROLLED}; nested ones multiply): use + or * for long runs"
+            )
         try:
             _pattern(gold, self.ignore_case)
         except regex.error as e:
@@ -227,6 +262,56 @@ class Regex(Verifier):
         except TimeoutError:
             note_scoring(f"answer rejected: matching it ran past {KEY}_options.timeout_s={self.timeout_s}")
             return 0.0
+
+
+# The `regex` engine copies a counted repeat's atom n times (its minimum) when it compiles a pattern, so
+# nested counts multiply: (?:(?:a{100}){100}){100}, 25 characters, took 290 MiB and 0.5 s (rewards
+# review #17); 10,000 atoms take about 2 MiB.
+MAX_UNROLLED = 10000
+_COUNTED = re.compile(r"\{(\d*)(?:,(\d*))?\}")
+
+
+def unrolled_size(pattern: str) -> int:
+    """About how many atoms `pattern` compiles into: each atom counts 1, a group the sum of its
+    contents, and a counted repeat {n}, {n,} or {n,m} multiplies what it repeats by n. One scan."""
+    frames = [[0, 0]]  # per open group: [atoms so far, atoms of its last item (what a repeat repeats)]
+    i = 0
+    while i < len(pattern):
+        c, frame = pattern[i], frames[-1]
+        counted = _COUNTED.match(pattern, i) if c == "{" else None
+        if counted is not None and (counted[1] or counted[2]):
+            n = int(counted[1] or 0)
+            frame[0] += frame[1] * (n - 1)
+            frame[1] *= n
+            i = counted.end()
+        elif c == "(":
+            frames.append([0, 0])
+            i += 1
+        elif c == ")" and len(frames) > 1:
+            inner = frames.pop()[0]
+            frames[-1][0] += inner
+            frames[-1][1] = inner
+            i += 1
+        elif c in "*+?|":  # a repeat of at least 0 or 1 copies nothing; an alternative starts afresh
+            frame[1] = 0 if c == "|" else frame[1]
+            i += 1
+        else:  # an atom: a character, an escape, a character class
+            i = _class_end(pattern, i) if c == "[" else i + (2 if c == "\\" else 1)
+            frame[0] += 1
+            frame[1] = 1
+    return sum(frame[0] for frame in frames)
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """The index after the `]` that closes the character class opened at `start`."""
+    i = start + 1
+    if pattern.startswith("^", i):
+        i += 1
+    if pattern.startswith("]", i):
+        i += 1
+    while i < len(pattern) and pattern[i] != "]":
+        i += 2 if pattern[i] == "\\" else 1
+    return i + 1
 
 
 @functools.lru_cache(maxsize=4096)
@@ -247,15 +332,19 @@ class Choice(Verifier):
             raise ValueError(f"{KEY}_options.letters={self.letters!r} must be distinct capital letters, e.g. ABCD")
 
     def check_gold(self, gold: str) -> None:
-        if _letter(gold) not in self.letters:
+        if not self._is_choice(_letter(gold)):
             raise ValueError(f"{gold[:40]!r} is not one of the letters {self.letters} (set {KEY}_options.letters)")
 
     def compare(self, answer: str, gold: str | None, metadata: dict[str, Any]) -> float:
         letter = _letter(answer)
-        if letter not in self.letters:
+        if not self._is_choice(letter):
             note_scoring(f"answer rejected: not one of the letters {self.letters} ({answer[:40]!r})")
             return 0.0
         return float(letter == _letter(gold))
+
+    def _is_choice(self, letter: str) -> bool:
+        # One of the letters, not a substring of them: "", "AB" and "BCD" are in "ABCD" (rewards review #17).
+        return len(letter) == 1 and letter in self.letters
 
 
 def _letter(text: str) -> str:

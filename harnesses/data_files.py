@@ -2,9 +2,10 @@
 
 `read_rows(path, fmt)` returns the file's rows as plain dicts (str keys, JSON-plain
 values), in file order, or raises ValueError naming the file and what is wrong
-with it (not there, empty, not that format). Parquet and HF dataset folders
-(`datasets.Dataset.save_to_disk`: Arrow stream files listed in state.json) are
-read with pyarrow, so `datasets` itself is not needed.
+with it (not there, empty, not that format, a CSV field over the csv module's
+128 KiB, values nested deeper than MAX_DEPTH). Parquet and HF dataset folders
+(`datasets.Dataset.save_to_disk`: Arrow stream files listed in state.json, which
+must lie inside the folder) are read with pyarrow, so `datasets` itself is not needed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+MAX_DEPTH = 100  # nested lists and objects in a value (Python's recursion limit is 1000)
 FORMATS = ("auto", "jsonl", "json", "csv", "parquet", "hf")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -34,6 +36,8 @@ def read_rows(path: str | Path, fmt: str = "auto", key: str = "task.params.path"
         rows = _READERS[fmt](path)
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{key}={str(path)!r}: cannot read it as {fmt}: {e}") from None
+    except csv.Error as e:  # e.g. a field over 128 KiB: long texts read better as JSONL or Parquet
+        raise ValueError(f"{key}={str(path)!r}: cannot read it as csv: {e} (use JSONL or Parquet)") from None
     if not rows:
         raise ValueError(f"{key}={str(path)!r} holds no rows; it must hold at least one item")
     return [_plain_row(row, path, i) for i, row in enumerate(rows)]
@@ -78,6 +82,8 @@ def _json_value(text: str, path: Path, where: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: {where} is not valid JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: {where} nests lists or objects too deeply to read") from None
 
 
 def _csv(path: Path) -> list:
@@ -114,12 +120,26 @@ def _hf_folder(path: Path) -> list:
         )
     if not (path / "state.json").exists():
         raise ValueError(f"{path} is a folder but not one saved by datasets' save_to_disk (no state.json)")
-    files = [entry["filename"] for entry in json.loads((path / "state.json").read_text()).get("_data_files", [])]
+    state = _json_value((path / "state.json").read_text(), path / "state.json", "the file")
     rows = []
-    for name in files:
+    for name in _data_files(state, path):
         with pa.memory_map(str(path / name)) as source:
             rows += pa.ipc.open_stream(source).read_all().to_pylist()
     return rows
+
+
+def _data_files(state: Any, path: Path) -> list[str]:
+    """The Arrow files state.json lists, each a file name inside the folder (never `../x` or `/x`)."""
+    entries = state.get("_data_files", []) if isinstance(state, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and "filename" in e for e in entries):
+        raise ValueError(f"{path / 'state.json'}: _data_files is not a list of {{'filename': ...}} entries")
+    names = [entry["filename"] for entry in entries]
+    for name in names:
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ValueError(
+                f"{path / 'state.json'}: _data_files names {name!r}; the files of a saved dataset lie in its folder"
+            )
+    return names
 
 
 _READERS = {"jsonl": _jsonl, "json": _json, "csv": _csv, "parquet": _parquet, "hf": _hf_folder}
@@ -128,17 +148,26 @@ _READERS = {"jsonl": _jsonl, "json": _json, "csv": _csv, "parquet": _parquet, "h
 def _plain_row(row: Any, path: Path, index: int) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise ValueError(f"{path}: item {index} is a {type(row).__name__}, not an object with named fields")
-    return {str(k): _plain(v) for k, v in row.items()}
+    try:
+        return {str(k): _plain(v, 1) for k, v in row.items()}
+    except _TooDeep:
+        raise ValueError(f"{path}: item {index} nests lists or objects more than {MAX_DEPTH} deep") from None
 
 
-def _plain(value: Any) -> Any:
+class _TooDeep(Exception):
+    pass
+
+
+def _plain(value: Any, depth: int) -> Any:
     """A value as JSON-plain data (Parquet dates, decimals and bytes become strings)."""
     if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
+    if isinstance(value, (dict, list, tuple)) and depth > MAX_DEPTH:
+        raise _TooDeep
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_plain(v, depth + 1) for v in value]
     return str(value)

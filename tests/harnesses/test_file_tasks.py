@@ -233,3 +233,39 @@ def test_scripts_train_exits_with_the_error_before_ray_starts(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "config error: task.params.path=" in proc.stderr and "no such file" in proc.stderr
     assert "Ray" not in proc.stdout + proc.stderr, "no Ray instance was started"
+
+
+def test_data_files_that_broke_the_start_up_check_are_named(tmp_path):
+    """rewards review #17: a CSV field over 128 KiB raised `_csv.Error`, JSONL nested 100,000 deep and
+    JSON nested 950 deep raised RecursionError: each escaped the start-up check's ValueError."""
+    long = write(tmp_path / "long.csv", [{"q": "x" * 140_000, "a": "1", "level": 0}] + rows())
+    with pytest.raises(ValueError, match=r"long.csv': cannot read it as csv: field larger than field limit"):
+        run_check(tmp_path, long)
+    deep_line = tmp_path / "deep.jsonl"
+    deep_line.write_text('{"q": "What?", "a": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(ValueError, match=r"deep.jsonl: line 1 nests lists or objects too deeply to read"):
+        run_check(tmp_path, deep_line)
+    deep = tmp_path / "deep.json"
+    for depth, message in (
+        (950, r"(the file|item 40) nests lists or objects"),
+        (500, "item 40 nests .* more than 100 deep"),
+    ):
+        deep.write_text(json.dumps(rows())[:-1] + ', {"q": "What?", "a": ' + "[" * depth + "]" * depth + "}]")
+        with pytest.raises(ValueError, match=rf"deep.json: {message}"):
+            run_check(tmp_path, deep)
+
+
+@pytest.mark.parametrize("name", ["../outside.arrow", "/etc/outside.arrow", "sub/../../outside.arrow"])
+def test_a_saved_dataset_reads_only_files_inside_its_folder(tmp_path, name):
+    """rewards review #17: state.json's `_data_files` named `../outside.arrow` or an absolute path, and
+    that file was read."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    for f in HF_FOLDER.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "outside.arrow").write_bytes((HF_FOLDER / "data-00000-of-00001.arrow").read_bytes())
+    state = json.loads((folder / "state.json").read_text())
+    state["_data_files"] = [{"filename": name}]
+    (folder / "state.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match=r"state.json: _data_files names .*the files of a saved dataset lie in its"):
+        source(folder, question_field="problem", answer_field="solution")

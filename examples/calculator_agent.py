@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import math
 import operator
 import os
 import sys
@@ -48,10 +49,14 @@ _OPS = {
     ast.USub: operator.neg,
     ast.UAdd: operator.pos,
 }
+# The model writes the argument: a longer one is refused unread. 1000 characters bound an integer result
+# to about 1000 digits (no power operator) and the evaluation's recursion to a few hundred levels.
+MAX_EXPRESSION_CHARS = 1000
 
 
 def calculator(expression: str) -> str:
-    """The value of an arithmetic expression, or what is wrong with it."""
+    """The value of an arithmetic expression, or what is wrong with it: model-written text never
+    raises here (a 310-digit literal, a 5,000-term sum, 1e400)."""
 
     def value(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
@@ -62,11 +67,18 @@ def calculator(expression: str) -> str:
             return _OPS[type(node.op)](value(node.operand))
         raise ValueError("only numbers, + - * / and parentheses")
 
+    expression = str(expression)
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return f"error: {len(expression)} characters (the limit is {MAX_EXPRESSION_CHARS})"
     try:
-        result = value(ast.parse(str(expression), mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError) as e:
-        return f"error: {e}"
-    return str(int(result) if float(result).is_integer() else result)
+        result = value(ast.parse(expression, mode="eval").body)
+    except (SyntaxError, ValueError, ArithmeticError, RecursionError, MemoryError) as e:
+        return f"error: {e or type(e).__name__}"
+    if isinstance(result, float):
+        if not math.isfinite(result):
+            return "error: the result is too large"
+        return str(int(result)) if result.is_integer() else str(result)
+    return str(result)
 
 
 async def solve(client: AsyncOpenAI, question: str, max_turns: int = 3, max_tokens: int = 128) -> str:

@@ -32,13 +32,17 @@ RULES = (
 )
 ASK = "There are {stones} stones left.{last} How many do you take? Reply with a number from 1 to {max_take}."
 _FIRST_NUMBER = re.compile(r"\d+")
+MAX_MOVE_DIGITS = 6  # a longer number is no legal move (and int() refuses more than 4,300 digits)
 
 
 def parse_move(text: str, stones: int, max_take: int = 3) -> int | None:
-    """The first number in `text` if it is a legal move (1..max_take, at most `stones`), else None."""
+    """The first number in `text` if it is a legal move (1..max_take, at most `stones`), else None
+    (a forfeit)."""
     m = _FIRST_NUMBER.search(text)
-    move = int(m.group()) if m else None
-    return move if move is not None and 1 <= move <= min(max_take, stones) else None
+    if m is None or len(m.group()) > MAX_MOVE_DIGITS:
+        return None
+    move = int(m.group())
+    return move if 1 <= move <= min(max_take, stones) else None
 
 
 def start_position(task, min_stones: int, max_stones: int) -> tuple[int, int]:

@@ -163,6 +163,18 @@ def test_parse_move_with_max_take(reply, stones, max_take, move):
     assert parse_move(reply, stones, max_take) == move
 
 
+@pytest.mark.unit
+def test_a_move_of_thousands_of_digits_forfeits():
+    """rewards review #15: a reply of 4,401 digits raised ValueError in int() (Python's 4,300-digit
+    limit), so the trace failed and the player who wrote it escaped its -1."""
+    huge = "0" * 4400 + "1"
+    assert parse_move(huge, 5, 3) is None and parse_move(f"I take 2, not {huge}", 5, 3) == 2
+    task = NimPosition("nim/train/0", "Nim: 20 stones, take 1 to 3 per move", "", stones=20, max_take=3)
+    result, _ = play(task, a=lambda s, k: huge)
+    assert (result.info["winner"], result.info["forfeit"]) == ("player_b", True)
+    assert result.agent_rewards == {"player_a": -1.0}
+
+
 @pytest.mark.integration
 def test_selfplay_on_a_nim_position_against_the_engine(run_harness):
     task = NimPositions("nim", eval_size=4).eval_tasks()[0]

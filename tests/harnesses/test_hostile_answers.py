@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from examples.calculator_agent import calculator
 from harnesses.base import collect_scoring_notes
 from harnesses.hostile_answers import SHIPPED, TASKS, payloads
 from harnesses.reasoning_gym_tasks import ReasoningGymTasks
@@ -62,3 +63,22 @@ def test_scoring_notes_are_empty_outside_and_separate_per_block():
             task.score("<answer>2 apples</answer>")
     assert len(outer) == 1 and "'1 apple'" in outer[0]
     assert len(inner) == 1 and "'2 apples'" in inner[0]
+
+
+@pytest.mark.parametrize(
+    "expression, reply",
+    [
+        ("9" * 310, "9" * 310),  # an int too large for a float: OverflowError
+        ("+".join(["1"] * 5000), "error: 9999 characters (the limit is 1000)"),  # RecursionError
+        ("-" * 999 + "1", "error: maximum recursion depth exceeded"),
+        ("1e400/3", "error: the result is too large"),  # inf
+        ("1e308 * 10", "error: the result is too large"),
+        ("17 * 23", "391"),
+        ("10 / 4", "2.5"),
+        ("1 / 0", "error: division by zero"),
+    ],
+)
+def test_the_example_calculator_answers_model_written_arguments_without_raising(expression, reply):
+    """rewards review #16: examples/calculator_agent.py raised on a 310-digit literal (OverflowError) and a
+    5,000-term sum (RecursionError), which crashed the agent and failed its trace."""
+    assert calculator(expression).startswith(reply)

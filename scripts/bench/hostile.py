@@ -1,8 +1,9 @@
 """Bench: how long a task's score() takes on hostile answers (issue 26), per task and payload.
 
-Each payload is scored through the task's own `score()` (grammar check, then the sandboxed
-verifier for what passes); the median of a few calls is reported in milliseconds, with the
-gold answer's time beside it for scale. A payload the grammar refuses never reaches the sandbox.
+Each payload is scored through the task's own `score()` (the shipped tasks: our own parse and
+checks, in process; another dataset's answer goes on to its sandboxed verifier); the median of a
+few calls is reported in milliseconds, with the gold answer's time beside it for scale.
+scripts/bench/reward_hacks.py is its companion: answers built to be paid, not to run code.
 
     .venv/bin/python scripts/bench/hostile.py [--quick]
 

@@ -51,6 +51,12 @@ def check_hostile(r):
     assert r["hostile_ms"] and all("gold" in row for row in r["hostile_ms"].values())
 
 
+def check_reward_hacks(r):
+    # the bench exits 1 (a failed lane job) if any of these is not 0; the counts say the corpus ran
+    assert r["paid"] == r["raised"] == r["gold_failed"] == r["unfit"] == 0, r
+    assert r["hacks"] >= 40 and r["golds"] > 0 and set(r["targets"]) >= {"countdown", "puzzle24", "verifier=math"}
+
+
 def check_trace_io(r):
     assert r["traces"] > 0 and positive(r["mb"], r["load_s"], r["json_parse_s"])
 

@@ -10,27 +10,32 @@ child process that
 * is killed past `timeout_s` per call (the caller gets a `SandboxError`: one
   failed trace, never a dead rollout worker) and dies with its parent
   (PR_SET_PDEATHSIG);
+* when started as root, runs as `tracerl-sandbox`, a system user that owns
+  nothing of the worker's (scripts/setup.sh creates it; else `nobody`), with
+  every mount read-only but its own working directory: it can neither write
+  the worker's files (project sources, the venv, a `.pth` there) nor read
+  root's 0600 files. The import path stays readable even in root's 0700 home
+  (pyenv, uv): that folder is masked by an empty tmpfs into which only the
+  import path is bound back, read-only (harnesses/sandbox_isolation.py);
+* is PID 1 of its own PID namespace, with its own /proc: `close()` kills it,
+  and the kernel kills whatever it started with it;
+* has a seccomp filter that kills it on a foreign syscall ABI (i386
+  `int 0x80`, x32) and refuses fork, clone and exec; RLIMIT_AS, RLIMIT_CPU
+  (for its whole life; the parent replaces it before it is spent),
+  RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC = 0 and PR_SET_NO_NEW_PRIVS;
 * has an empty environment (no tokens, no PYTHONPATH), its own empty
-  temporary working directory (removed when the child stops), RLIMIT_AS,
-  RLIMIT_CPU (for its whole life; the parent replaces it before it is spent),
-  RLIMIT_FSIZE, RLIMIT_NOFILE and RLIMIT_NPROC = 0 (no fork, no thread, no
-  daemon that outlives a kill), and PR_SET_NO_NEW_PRIVS;
-* has no network: its own empty network namespace (`unshare(CLONE_NEWNET)`
-  as root, else inside a new user namespace); where neither works it says so
-  once in the log, and keeps the network;
-* when started as root, runs as `nobody` (so it cannot read root's files,
-  such as Ray's session token, and RLIMIT_NPROC holds: root ignores it); if
-  the interpreter's import path is not readable by `nobody`, it stays root in
-  a new user namespace instead (NPROC then holds, root's files stay readable);
+  temporary working directory (removed when the child stops), and no network
+  (its own empty network namespace);
 * speaks length-prefixed JSON to the parent, never pickle: a reply can carry
   only plain data (tuples come back as lists), its size is bounded, and it is
-  read against a deadline; a malformed or late reply kills the child.
-  Requests (parent -> child) are pickled: that direction is trusted.
+  read against a deadline; a malformed, too deep or late reply kills the
+  child. Requests (parent -> child) are pickled: that direction is trusted.
 
-It is not a jail: the child still sees the file system (readable files are
-readable, `nobody`-writable places are writable), can use up to its limits
-of CPU and memory, and, as a non-root child, can read the processes of its own
-user. Calls are serialised (one child per Sandbox); after a kill the next
+A rule the machine cannot keep (not root, no namespaces, no seccomp for this
+CPU) is listed in `Sandbox.isolation["gaps"]` and logged once per process;
+docs/harnesses.md says what each costs. It is not a jail: the child still
+sees the files that others may read, and can use up to its limits of CPU and
+memory. Calls are serialised (one child per Sandbox); after a kill the next
 child starts and warms up on a background thread, so the caller that hit the
 limit does not also wait for the imports.
 """
@@ -39,13 +44,12 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import ctypes
+import contextlib
 import json
 import logging
 import os
 import pickle
 import queue
-import resource
 import select
 import shutil
 import signal
@@ -59,14 +63,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from harnesses.sandbox_isolation import isolate
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">Q")  # the byte length of the message that follows
 MAX_REPLY_BYTES = 16 << 20
-_NOBODY = 65534
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
-_warned_network = False
+_warned: set[str] = set()  # the isolation gaps this process has logged
 
 
 class SandboxError(RuntimeError):
@@ -83,16 +86,27 @@ class Sandbox:
         cpu_s: int = 600,
         file_bytes: int = 16 << 20,
         open_files: int = 64,
+        allow_fork: bool = False,
     ):
         """`warmup`: a module-level function a new child runs first, within `startup_s` (the
         imports the calls need), so that every call proper gets only `timeout_s`. `cpu_s`: the
-        CPU seconds one child may use in its life (it is replaced at half)."""
+        CPU seconds one child may use in its life (it is replaced at half). `allow_fork`: let the
+        child start processes (no RLIMIT_NPROC, no seccomp rule against fork, clone and exec;
+        foreign ABIs still kill it): for the test that what it starts dies with it."""
         self.timeout_s = timeout_s
         self.memory_bytes = memory_bytes
         self.warmup = warmup
         self.startup_s = startup_s
-        self.limits = {"memory_bytes": memory_bytes, "cpu_s": cpu_s, "file_bytes": file_bytes, "open_files": open_files}
-        self.isolation: dict[str, Any] = {}  # what the last child managed (network, user, ...)
+        self.limits = {
+            "memory_bytes": memory_bytes,
+            "cpu_s": cpu_s,
+            "file_bytes": file_bytes,
+            "open_files": open_files,
+            "allow_fork": allow_fork,
+        }
+        # What the last child managed: user, network_isolated, processes, read_only_files,
+        # no_new_processes, pid (its server's), and gaps (the rules it could not keep, in words).
+        self.isolation: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._child: _Child | None = None
         self._next: concurrent.futures.Future | None = None  # a child starting in the background
@@ -215,11 +229,19 @@ class _Child:
             cwd=self.cwd,
             env=env,
             bufsize=0,
+            start_new_session=True,  # its own process group, which stop() kills whole
         )
+        # pidfds: whether the process ended, without reaping it (while unreaped, its number still
+        # names its process group), and a kill that cannot hit a recycled PID.
+        self._waiter, self._server = _pidfd(self.proc.pid), None
+        self.server_pid = self.proc.pid  # the process that serves (PID 1 of its namespace, if any)
         os.set_blocking(self.proc.stdin.fileno(), False)
         try:
             self.isolation = self._read(time.monotonic() + startup_s, "the sandbox's start")
-            _warn_network_once(self.isolation)
+            if self.isolation.get("pid", self.proc.pid) != self.proc.pid:
+                self.server_pid = self.isolation["pid"]
+                self._server = _pidfd(self.server_pid)
+            _warn_gaps_once(self.isolation)
             if warmup is not None:
                 ok, value = self.call(warmup, (), startup_s)
                 if not ok:
@@ -229,11 +251,13 @@ class _Child:
             raise
 
     def alive(self) -> bool:
+        if self._waiter is not None:
+            return not select.select([self._waiter], [], [], 0)[0]
         return self.proc.poll() is None
 
     def cpu_seconds(self) -> float:
         try:
-            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+            with open(f"/proc/{self.server_pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
         except (OSError, IndexError, ValueError):
@@ -273,7 +297,7 @@ class _Child:
             )
         try:
             return json.loads(self._read_exactly(size, deadline, what, limit))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deep
             self._fail(f"{what}: the sandbox process sent a malformed reply and was killed")
 
     def _read_exactly(self, size: int, deadline: float, what: str, limit: float) -> bytes:
@@ -285,34 +309,74 @@ class _Child:
                 self._fail(f"{what} ran past its {limit}s limit and was killed")
             chunk = os.read(fd, min(size, 1 << 20))
             if not chunk:
-                self._fail(f"{what} crashed its sandbox process (out of memory, CPU time or file size?)")
+                self._fail(f"{what} crashed its sandbox process ({self._cause_of_death()})")
             chunks.append(chunk)
             size -= len(chunk)
         return b"".join(chunks)
+
+    def _cause_of_death(self) -> str:
+        """The signal that ended the server, from the waiter's exit status (128 + the signal, as a
+        shell reports it, when the waiter outlived a server in a PID namespace)."""
+        try:  # it exits as soon as the server does; a server that only closed its end is not dead
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "its reply channel closed"
+        number = -code if code < 0 else code - 128 if self._server is not None and code > 128 else 0
+        causes = {
+            signal.SIGSYS: "a system call its seccomp filter forbids",
+            signal.SIGKILL: "killed: out of memory?",
+            signal.SIGXCPU: "its CPU time limit",
+            signal.SIGXFSZ: "its file size limit",
+        }
+        if number:
+            name = signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+            return f"{name}: {causes.get(number, 'killed')}"
+        return f"it exited with status {code}"
 
     def _fail(self, message: str) -> None:
         self.stop()
         raise SandboxError(message)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        """Kill the child and everything it started, and wait until they are gone: its process
+        group, and its server, PID 1 of a PID namespace whose end the kernel waits for until every
+        other process in it has died. Safe to call twice."""
+        if self.proc.returncode is None:  # not reaped: the number is still its group's
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        if self._server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._server, signal.SIGKILL)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:  # stuck in the kernel (D state): leave it, it is SIGKILLed
             log.warning("sandbox process %d did not exit within 30s of SIGKILL", self.proc.pid)
+        if self._server is not None and not select.select([self._server], [], [], 30)[0]:
+            log.warning("sandbox process %d did not exit within 30s of SIGKILL", self.server_pid)
+        for fd in (self._waiter, self._server):
+            if fd is not None:
+                os.close(fd)
+        self._waiter = self._server = None
         for pipe in (self.proc.stdin, self.proc.stdout):
             pipe.close()
         shutil.rmtree(self.cwd, ignore_errors=True)
 
 
-def _warn_network_once(isolation: dict) -> None:
-    global _warned_network
-    if not isolation.get("network_isolated") and not _warned_network:
-        _warned_network = True
-        log.warning(
-            "the verifier sandbox has network access (no network namespace: %s)", isolation.get("network_error")
-        )
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Linux < 5.3: fall back to waiting on the waiter alone
+        return None
+
+
+def _warn_gaps_once(isolation: dict) -> None:
+    """Log each rule the sandbox cannot keep on this machine, once per process."""
+    for gap in isolation.get("gaps", []):
+        if gap not in _warned:
+            _warned.add(gap)
+            log.warning(
+                "the verifier sandbox is weaker on this machine: %s (docs/harnesses.md, 'The verifier sandbox')", gap
+            )
 
 
 # ---- the child ---------------------------------------------------------------------------
@@ -324,9 +388,7 @@ def _serve(config: dict) -> None:
     os.dup2(2, 1)  # C-level writes to stdout land in stderr, not in the reply channel
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     sys.stdout, sys.stdin = sys.stderr, None
-    isolation = _isolate(config)
-    if os.getppid() != config["parent"]:  # the parent died before PR_SET_PDEATHSIG took effect
-        return
+    isolation = isolate(config, (replies, requests))
     _send(replies, isolation)
     while True:
         header = _recv(requests, _HEADER.size)
@@ -342,100 +404,8 @@ def _serve(config: dict) -> None:
             reply = {"ok": False, "value": f"{type(e).__name__}: {e}"}
         try:
             _send(replies, reply)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RecursionError) as e:
             _send(replies, {"ok": False, "value": f"the result is not plain JSON data: {e}"})
-
-
-def _isolate(config: dict) -> dict:
-    """Cut the child off as far as the platform allows; returns what it managed."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    info: dict[str, Any] = {"network_isolated": False, "user": "unchanged"}
-    if libc.unshare(_CLONE_NEWNET) == 0:
-        info["network_isolated"] = True
-    elif os.geteuid() != 0 and libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
-        info["network_isolated"], info["user"] = True, "user namespace"
-    else:
-        info["network_error"] = os.strerror(ctypes.get_errno())
-    for limit, value in (
-        (resource.RLIMIT_AS, config["memory_bytes"]),
-        (resource.RLIMIT_FSIZE, config["file_bytes"]),
-        (resource.RLIMIT_NOFILE, config["open_files"]),
-        (resource.RLIMIT_NPROC, 0),
-    ):
-        resource.setrlimit(limit, (value, value))
-    resource.setrlimit(resource.RLIMIT_CPU, (config["cpu_s"], config["cpu_s"] + 5))
-    if os.geteuid() == 0:
-        info["user"] = _drop_root(libc, config["path"])
-    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    # Root ignores RLIMIT_NPROC (even in a user namespace): a seccomp filter refuses new processes
-    # and threads to everyone.
-    info["no_new_processes"] = _forbid_new_processes(libc)
-    # After the credentials change: changing them clears the parent-death signal.
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    return info
-
-
-def _drop_root(libc: ctypes.CDLL, path: list[str]) -> str:
-    """Become `nobody` if it can still import what the parent imports; else shed root's powers
-    in a new user namespace (root ignores RLIMIT_NPROC; a namespaced root does not)."""
-    if all(_readable_by_others(p) for p in path if os.path.exists(p)):
-        os.chown(".", _NOBODY, _NOBODY)
-        os.setgroups([])
-        os.setgid(_NOBODY)
-        os.setuid(_NOBODY)
-        return "nobody"
-    if libc.unshare(_CLONE_NEWUSER) == 0:
-        return "user namespace"
-    return "root"
-
-
-# seccomp: refuse clone/fork/vfork/clone3/execve/execveat with EPERM (x86-64 and aarch64 numbers).
-_AUDIT_ARCH_SYSCALLS = {
-    "x86_64": (0xC000003E, (56, 57, 58, 59, 322, 435)),
-    "aarch64": (0xC00000B7, (220, 221, 281, 435)),
-}
-_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
-_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO_EPERM = 0x7FFF0000, 0x00050000 | 1
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-def _forbid_new_processes(libc: ctypes.CDLL) -> bool:
-    arch = _AUDIT_ARCH_SYSCALLS.get(os.uname().machine)
-    if arch is None:
-        return False
-    audit_arch, numbers = arch
-    ld_w_abs, jeq_k, ret_k = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
-    n = len(numbers)
-    program = [
-        (ld_w_abs, 0, 0, 4),  # seccomp_data.arch
-        (jeq_k, 0, n + 1, audit_arch),  # another ABI (e.g. x32): allow, as before
-        (ld_w_abs, 0, 0, 0),
-    ]  # seccomp_data.nr
-    program += [(jeq_k, n - i, 0, nr) for i, nr in enumerate(numbers)]  # a match jumps to EPERM
-    program += [(ret_k, 0, 0, _SECCOMP_RET_ALLOW), (ret_k, 0, 0, _SECCOMP_RET_ERRNO_EPERM)]
-    filters = (_SockFilter * len(program))(*program)
-    prog = _SockFprog(len(program), filters)
-    return libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) == 0
-
-
-def _readable_by_others(path: str) -> bool:
-    path = os.path.abspath(path)
-    need = 0o005 if os.path.isdir(path) else 0o004  # read (and search, for folders: x) ...
-    while True:
-        if os.stat(path).st_mode & need != need:
-            return False
-        need = 0o005  # ... and search on every folder above
-        parent = os.path.dirname(path)
-        if parent == path:
-            return True
-        path = parent
 
 
 def _send(fd: int, message: Any) -> None:

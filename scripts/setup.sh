@@ -46,6 +46,25 @@ ensure_chromium() {
 }
 ensure_chromium
 
+# The verifier sandbox (harnesses/sandbox.py) drops root to this system user, which owns nothing
+# (no home, no login shell, no password). Checked on every run, stamp or not; created only when
+# root. Never fails the install: without it a root worker's sandbox runs as nobody, and a
+# non-root worker's as the worker's user (the sandbox's log says which).
+ensure_sandbox_user() {
+    local user=tracerl-sandbox
+    if [[ $(id -u) -ne 0 ]] || getent passwd "$user" >/dev/null 2>&1; then
+        return 0
+    fi
+    if ! command -v useradd >/dev/null 2>&1; then
+        echo "[setup] note: no useradd here, so no $user user; the verifier sandbox runs as nobody" >&2
+        return 0
+    fi
+    echo "[setup] creating the system user $user (the verifier sandbox runs as it)"
+    useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$user" \
+        || echo "[setup] note: useradd $user failed; the verifier sandbox runs as nobody" >&2
+}
+ensure_sandbox_user
+
 # Python 3.11 or 3.12 (pyproject.toml): $PYTHON, else python3.11, else python3.12.
 pick_python() {
     local py=${PYTHON:-} candidate

@@ -84,6 +84,7 @@ No torch, ray or vllm here: plain Python + numpy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence as Seq
 from dataclasses import dataclass
 from enum import StrEnum
@@ -135,14 +136,26 @@ def _all_equal(r: np.ndarray) -> bool:
     return r.size == 0 or bool(r.max() == r.min())
 
 
+def _unit_scale(r: np.ndarray) -> tuple[np.ndarray, int]:
+    """`r` over s = 2**e, and e, for the power of two s at or above max |r| (1 for a pool of zeros). Sums and
+    squares of r / s cannot overflow, as those of r can (rewards [1e308, 1e308, 0, 0] made every
+    advantage NaN; [1e308, -1e308, 0, 1] made them 0: rewards review #6), and dividing by a power
+    of two is exact, so rewards that never overflowed give the same advantages to the bit."""
+    top = float(np.max(np.abs(r))) if r.size else 0.0
+    exponent = math.frexp(top)[1] if top > 0 else 0
+    return np.ldexp(r, -exponent), exponent
+
+
 def _centred(r: np.ndarray, scale_by_std: bool, eps: float) -> np.ndarray:
     """(r - mean) [/ (population std + eps)]; exactly 0 when all r are equal."""
     if _all_equal(r):
         return np.zeros_like(r)
-    a = r - r.mean()
+    u, e = _unit_scale(r)
+    a = u - u.mean()  # (r - mean) / 2**e
     if scale_by_std:
-        a = a / (r.std() + eps)
-    return a
+        return a / (u.std() + math.ldexp(eps, -e))
+    with np.errstate(over="ignore"):  # +-inf: _check_finite refuses it, naming the trace
+        return np.ldexp(a, e)
 
 
 def _leave_one_out(r: np.ndarray) -> np.ndarray:
@@ -150,7 +163,9 @@ def _leave_one_out(r: np.ndarray) -> np.ndarray:
     n = r.size
     if n < 2 or _all_equal(r):
         return np.zeros_like(r)
-    return r - (r.sum() - r) / (n - 1)
+    u, e = _unit_scale(r)
+    with np.errstate(over="ignore"):  # +-inf: _check_finite refuses it, naming the trace
+        return np.ldexp(u - (u.sum() - u) / (n - 1), e)
 
 
 # -- the entry point ----------------------------------------------------------------
@@ -188,7 +203,20 @@ def compute_advantages(traces: Seq[Trace], cfg: AdvantageConfig | None = None) -
                 a += float(s.reward)
             row.append(float(a))
         out.append(row)
+    _check_finite(traces, out)
     return out
+
+
+def _check_finite(traces: list[Trace], advs: list[list[float]]) -> None:
+    """Refuse advantages that are not finite, naming the trace: one NaN in the loss voids the whole
+    optimizer step (the learner skips it). Rewards within harness.reward_range never give one."""
+    for t, row in zip(traces, advs):
+        if not all(map(math.isfinite, row)):
+            raise ValueError(
+                f"trace {t.id!r} of group {t.group!r} has advantages {row} that are not finite (its reward "
+                f"{t.reward}, agent rewards {t.agent_rewards}, turn rewards {[s.reward for s in t.sequences]}): "
+                f"its group is refused; keep rewards within harness.reward_range"
+            )
 
 
 Unit = tuple[int, str | None]  # (trace index, role), role None for trace-level credit
@@ -242,7 +270,8 @@ def _normalize_per_role(role_adv: dict[tuple[int, str], float], eps: float) -> N
     for _, keys in sorted(by_role.items()):
         a = np.array([role_adv[k] for k in keys], dtype=np.float64)
         if not _all_equal(a):
-            role_adv.update(zip(keys, (float(x) for x in a / (a.std() + eps))))
+            u, e = _unit_scale(a)
+            role_adv.update(zip(keys, (float(x) for x in u / (u.std() + math.ldexp(eps, -e)))))
 
 
 # -- one function per estimator -----------------------------------------------------

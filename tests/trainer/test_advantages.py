@@ -321,3 +321,46 @@ def test_no_heavy_imports():
         cwd=str(Path(__file__).resolve().parents[2]),
     )
     assert out.stdout.strip() == "[]"
+
+
+# -- rewards too large to square ------------------------------------------------------
+
+
+def test_large_finite_rewards_give_finite_advantages():
+    """rewards review #6: [1e308, 1e308, 0, 0] gave NaN for every trace (the mean's sum and the
+    std's squares overflowed) and [1e308, -1e308, 0, 1] silently gave zeros (std inf). The
+    statistics are taken on rewards scaled by a power of two: the same values as for [1, 1, 0, 0]
+    and [1, -1, ~0, ~0]."""
+    assert flat(grpo([trace(r) for r in (1e308, 1e308, 0, 0)], eps=0.0)) == [1.0, 1.0, -1.0, -1.0]
+    big = flat(grpo([trace(r) for r in (1e308, -1e308, 0, 1)]))
+    assert big[:2] == pytest.approx([math.sqrt(2), -math.sqrt(2)]) and all(map(math.isfinite, big))
+    assert big[3] > 0 > big[2]  # 1 is above the group's mean (0.25), 0 below: their order kept
+    assert flat(batch_mean([trace(r) for r in (1e308, 1e308, 0, 0)], scale_by_std=True, eps=0.0)) == [1, 1, -1, -1]
+    loo = flat(rloo([trace(r) for r in (1e308, -1e308, 0, 1)]))
+    assert loo == pytest.approx([1e308 + 1e308 / 3, -1e308 - 1e308 / 3, -1 / 3, 1.0])
+    per_role = [trace(r, seqs=[seq("a"), seq("b")]) for r in (1e308, 1e308, 0, 0)]
+    advs = compute_advantages(per_role, AdvantageConfig(normalize_per_agent=True, eps=0.0))
+    assert all(math.isfinite(a) for row in advs for a in row)
+
+
+def test_scaling_changes_no_advantage_of_ordinary_rewards():
+    """The power-of-two scaling is exact: the advantages of ordinary rewards equal the textbook
+    formula computed directly, to the bit."""
+    rewards = np.array([0.3, 0.7, 0.1, 0.9, 0.25])
+    mean, std = rewards.mean(), rewards.std()
+    assert flat(grpo([trace(float(r)) for r in rewards])) == list((rewards - mean) / (std + 1e-6))
+    assert flat(rloo([trace(float(r)) for r in rewards])) == list(rewards - (rewards.sum() - rewards) / 4)
+
+
+def test_advantages_that_are_not_finite_are_refused_naming_the_trace():
+    """rewards review #6: a NaN advantage made the loss NaN, and the learner skipped the whole
+    optimizer step for every group of the batch. Without std scaling, rewards of +-1.7e308 leave a
+    difference no float holds: the group is refused, naming its trace (rewards within
+    harness.reward_range never get here)."""
+    ts = [trace(r, group="huge") for r in (1.7e308, -1.7e308, -1.7e308)]
+    for estimator in (rloo, lambda t: grpo(t, scale_by_std=False)):
+        with pytest.raises(ValueError, match=rf"trace '{ts[0].id}' of group 'huge' has advantages .* not finite"):
+            estimator(ts)
+    turn = [trace(1.7e308, seqs=[seq(reward=1.7e308)]), trace(0.0)]
+    with pytest.raises(ValueError, match=r"keep rewards within harness.reward_range"):
+        compute_advantages(turn, AdvantageConfig(use_turn_rewards=True, estimator="uniform"))

@@ -201,12 +201,17 @@ class HarnessResult:
 
 
 Reward = float | int | bool | dict | HarnessResult
+# The range every reward a harness returns must lie in, by default (the config key harness.reward_range):
+# wide enough for any reward scale a task means; a reward past it is a bug or a hack (rloo and uniform
+# advantages put it into the loss unscaled).
+REWARD_RANGE = (-1e6, 1e6)
 Harness = Callable[..., Awaitable[Reward]]
 
 
-def as_result(value: Reward) -> HarnessResult:
+def as_result(value: Reward, reward_range: tuple[float, float] = REWARD_RANGE) -> HarnessResult:
     """Normalise what a harness returned, checking every field; raise ValueError saying what was
-    wrong (the worker turns it into a failed trace)."""
+    wrong (the worker turns it into a failed trace). Every reward must lie in `reward_range`
+    (`harness.reward_range`)."""
     if isinstance(value, HarnessResult):
         reward, agent_rewards, info = value.reward, value.agent_rewards, value.info
     elif isinstance(value, dict):
@@ -223,10 +228,12 @@ def as_result(value: Reward) -> HarnessResult:
         for role in agent_rewards:
             if type(role) is not str or not role:
                 raise ValueError(f"harness returned agent_rewards with key {role!r}; roles are non-empty strings")
-        agent_rewards = {role: _reward(r, f"agent_rewards[{role!r}]") for role, r in agent_rewards.items()}
+        agent_rewards = {
+            role: _reward(r, f"agent_rewards[{role!r}]", reward_range) for role, r in agent_rewards.items()
+        }
         if reward is None:  # a bare dict: the trace reward is the mean of the agents'
             reward = sum(agent_rewards.values()) / len(agent_rewards)
-    reward = _reward(reward, "reward")
+    reward = _reward(reward, "reward", reward_range)
     if not isinstance(info, dict) or any(type(k) is not str for k in info):
         raise ValueError(f"harness returned info of type {type(info).__name__}; expected a dict with string keys")
     try:
@@ -239,16 +246,27 @@ def as_result(value: Reward) -> HarnessResult:
     return HarnessResult(reward=reward, agent_rewards=agent_rewards, info=dict(info))
 
 
-def _reward(value: Any, what: str) -> float:
-    """A harness's reward as a finite float: bool, int or float (numpy's float64 is a float)."""
+def _reward(value: Any, what: str, reward_range: tuple[float, float]) -> float:
+    """A harness's reward as a float within `reward_range`: bool, int or float (numpy's float64 is
+    a float)."""
     if not isinstance(value, (bool, int, float)):
         raise ValueError(
             f"harness returned {what} = {value!r} of type {type(value).__name__}; expected a float "
             f"reward, a dict role -> reward, or a HarnessResult (convert numpy numbers with float())"
         )
-    if not math.isfinite(value):
+    try:
+        reward = float(value)
+    except OverflowError:  # an int past the float range
+        raise ValueError(f"harness returned a non-finite {what}: an integer past the float range") from None
+    if not math.isfinite(reward):
         raise ValueError(f"harness returned a non-finite {what}: {value}")
-    return float(value)
+    low, high = reward_range
+    if not low <= reward <= high:
+        raise ValueError(
+            f"harness returned {what} = {reward:g}, outside harness.reward_range [{low:g}, {high:g}] (one such "
+            f"reward swamps its group's advantages; widen the range if rewards this large are meant)"
+        )
+    return reward
 
 
 def load_object(target: str, key: str) -> Any:

@@ -6,7 +6,8 @@ records every call token-exact; the agents this harness gets hand it over
 (`harness.options`):
 
 - `agent: package.module.function`: an async Python function
-  `agent(task, base_url, api_key) -> answer`, called in the worker's process
+  `agent(task, base_url, api_key) -> answer` (with `agent_reward`, also a
+  `reward_key` keyword argument), called in the worker's process
   (it must use an async client: a sync one blocks the event loop the gateway
   answers on, and waits for itself until its own timeout);
 - `command: "python my_agent.py"`: a subprocess, in its own process group,
@@ -18,18 +19,25 @@ the gateway must carry it. The agent's output is hostile input, and so is the
 agent: a command does not inherit the worker's environment (its secrets, RAY_*
 addresses). It gets only `ENV_ALLOWED` and `LC_*` from the worker, the names
 listed in `env` (an option: e.g. `env: [HF_HOME]`), and what the harness sets:
-`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `TRACERL_REWARD_URL` and
-`TRACERL_BASE_URLS` (every role's URL as JSON). It dies with the worker
-(PR_SET_PDEATHSIG; its own children do only if they set it too, or when the
-group is killed).
+`OPENAI_BASE_URL`, `OPENAI_API_KEY` and `TRACERL_BASE_URLS` (every role's URL
+as JSON). It dies with the worker (PR_SET_PDEATHSIG; its own children do only
+if they set it too, or when the group is killed).
 
 `role` (default: the only role) is the one whose URL the agent gets as its
-base URL. The reward is what the agent POSTed to `<base URL>/reward`
-(`{"reward": r}`, with its key), else the task's verifier on the answer. An
-agent past `timeout_s` is killed with its whole process group and the trace
-fails; so does a command that exits non-zero (its stderr's tail is the
-error). A request the model's engine failed (the agent got a 503) makes the
-episode run again (rollout.retries), whatever the agent did with the error.
+base URL. The reward is the task's verifier on the answer. With
+`agent_reward: true` the agent may report it instead: POST `{"reward": r}` to
+`<base URL>/reward` with the session's reward key, a key of its own (the
+chat key gets a 401 there): a function agent gets it as `reward_key`, a
+command as `TRACERL_REWARD_KEY` (and `TRACERL_REWARD_URL`). Then whatever can
+read the command's environment can set the reward: a shell or code tool the
+model drives inherits it, or reads /proc/<agent pid>/environ (deleting the
+variable does not clear that); opt in only for agents whose model runs no
+such tool. Off (the default), the route answers 403. A reward the
+gateway refuses (off, not a number, outside `harness.reward_range`) fails the
+trace. An agent past `timeout_s` is killed with its whole process group and
+the trace fails; so does a command that exits non-zero (its stderr's tail is
+the error). A request the model's engine failed (the agent got a 503) makes
+the episode run again (rollout.retries), whatever the agent did with the error.
 
 Trace shape: whatever the agent does; every call a sequence.
 """
@@ -39,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import json
 import os
 import shlex
@@ -61,26 +70,29 @@ async def openai_agent(
     role: str | None = None,
     timeout_s: float = 300.0,
     env: list[str] | None = None,
+    agent_reward: bool = False,
 ) -> HarnessResult:
     role = _role(agents, role)
     gateway = await agents[role].gateway()  # the worker's endpoint, handed in with the agents
-    with gateway.session(agents) as session:
+    with gateway.session(agents, agent_reward=agent_reward) as session:
         base_url = session.base_url(role)
         try:
             if command is not None:
                 own = {
                     "OPENAI_BASE_URL": base_url,
                     "OPENAI_API_KEY": session.api_key,
-                    "TRACERL_REWARD_URL": session.reward_url(role),
                     "TRACERL_BASE_URLS": json.dumps({r: session.base_url(r) for r in agents}),
                 }
+                if agent_reward:
+                    own |= {"TRACERL_REWARD_URL": session.reward_url(role), "TRACERL_REWARD_KEY": session.reward_key}
                 answer = await run_command(command, task.prompt, agent_env(own, env or ()), timeout_s)
             else:
-                answer = await _run_function(_agent_function(agent), task, base_url, session.api_key, timeout_s)
+                keys = {"reward_key": session.reward_key} if agent_reward else {}
+                answer = await _run_function(_agent_function(agent), task, base_url, session.api_key, keys, timeout_s)
         except Exception:
             session.raise_failure()  # an engine failure the agent then failed on: the episode runs again
             raise
-        session.raise_failure()  # the agent may have carried on past a failed request
+        session.raise_failure()  # the agent may have carried on past a failed request (or a refused reward)
         if not isinstance(answer, str):
             raise ValueError(f"the agent returned {type(answer).__name__}, not its answer as a string")
         reward = session.reward if session.reward is not None else task.score(answer)
@@ -94,9 +106,9 @@ async def openai_agent(
         )
 
 
-async def _run_function(fn, task, base_url: str, api_key: str, timeout_s: float):
+async def _run_function(fn, task, base_url: str, api_key: str, keys: dict, timeout_s: float):
     try:
-        return await asyncio.wait_for(fn(task, base_url, api_key), timeout_s)
+        return await asyncio.wait_for(fn(task, base_url, api_key, **keys), timeout_s)
     except TimeoutError:
         raise TimeoutError(f"the agent ran past harness.options.timeout_s={timeout_s}") from None
 
@@ -127,8 +139,12 @@ def _role(agents, role: str | None) -> str:
 
 
 def check_options(options: dict) -> None:
-    """At start: exactly one of `agent` / `command`, the agent importable, a positive timeout."""
+    """At start: exactly one of `agent` / `command`, the agent importable (and taking `reward_key`
+    with `agent_reward`), a positive timeout, `agent_reward` true or false."""
     agent, command = options.get("agent"), options.get("command")
+    agent_reward = options.get("agent_reward", False)
+    if not isinstance(agent_reward, bool):
+        raise ValueError(f"harness.options.agent_reward={agent_reward!r} must be true or false")
     if (agent is None) == (command is None):
         raise ValueError(
             "harness.options: set exactly one of agent (an async function's dotted path) or command (a program to run)"
@@ -137,6 +153,11 @@ def check_options(options: dict) -> None:
         fn = _agent_function(agent)
         if not asyncio.iscoroutinefunction(fn):
             raise ValueError(f"harness.options.agent={agent!r} must be an async function (task, base_url, api_key)")
+        if agent_reward and not _takes(fn, reward_key=""):
+            raise ValueError(
+                f"harness.options.agent_reward=true: the agent function {agent!r} must take a reward_key "
+                f"argument, (task, base_url, api_key, reward_key): the key it reports its reward with"
+            )
     else:
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
@@ -153,6 +174,14 @@ def check_options(options: dict) -> None:
         raise ValueError(
             f"harness.options.env={names!r} must be a list of environment variable names to pass to the agent command"
         )
+
+
+def _takes(fn, **keywords) -> bool:
+    try:
+        inspect.signature(fn).bind(None, None, None, **keywords)
+    except TypeError:
+        return False
+    return True
 
 
 openai_agent.check_options = check_options

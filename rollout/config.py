@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -20,7 +21,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from harnesses.base import TaskSource, load_harness, load_task_source
+from harnesses.base import REWARD_RANGE, TaskSource, load_harness, load_task_source
 from rollout.models import check_model
 from rollout.orchestration.placement import (
     Ask,
@@ -197,6 +198,8 @@ class HarnessConfig:
     name: str = MISSING  # short name, used in logs
     roles: list[str] = field(default_factory=list)  # agent roles the harness calls
     options: dict[str, Any] = field(default_factory=dict)  # keyword args for the harness
+    # [low, high]: a harness's reward (or a role's) outside it fails the trace; one an agent reports is refused (400)
+    reward_range: list[float] = field(default_factory=lambda: list(REWARD_RANGE))
 
 
 @dataclass
@@ -388,6 +391,10 @@ def check_fields(cfg: RolloutJobConfig) -> None:
         (r.retries >= 0, "rollout.retries must be >= 0"),
         (r.max_worker_restarts >= 0, "rollout.max_worker_restarts must be >= 0"),
         (r.worker_restart_timeout_s > 0, "rollout.worker_restart_timeout_s must be > 0"),
+        (
+            _is_range(cfg.harness.reward_range),
+            f"harness.reward_range={list(cfg.harness.reward_range)} must be [low, high]: finite numbers, low < high",
+        ),
     ]
     for ok, msg in checks:
         if not ok:
@@ -412,6 +419,10 @@ def check_fields(cfg: RolloutJobConfig) -> None:
         check_options(dict(cfg.harness.options))
     roles = _check_task_source(json.dumps(dataclasses.asdict(cfg.task), sort_keys=True, default=str), cfg.seed)
     check_scoring_roles(cfg, roles)
+
+
+def _is_range(bounds: list[float]) -> bool:
+    return len(bounds) == 2 and all(map(math.isfinite, bounds)) and bounds[0] < bounds[1]
 
 
 def validate_policies(cfg: RolloutJobConfig) -> None:

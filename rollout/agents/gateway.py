@@ -8,9 +8,11 @@ worker's `Gateway` and gives the agent a base URL per role,
 
 serving `POST .../chat/completions` (with `stream=true` too) and
 `GET .../models`; `POST .../reward` (`{"reward": r}`) lets the agent report
-its own reward. Every completion is a call of that role's `Agent`, so it becomes a
-`Sequence` of the session's trace, with its role, policy, version and
-sampling temperature, exactly as for harnesses written against `Agent`.
+its own reward where the harness opened the session with `agent_reward`
+(with a key of its own, `Session.reward_key`; else a 403). Every completion
+is a call of that role's `Agent`, so it becomes a `Sequence` of the
+session's trace, with its role, policy, version and sampling temperature,
+exactly as for harnesses written against `Agent`.
 
 Token-exact histories. Chat APIs resend the whole message list every turn.
 When a request's messages are an earlier call's messages + the reply this
@@ -37,53 +39,89 @@ gateway does not implement (`logprobs`, `chat_template_kwargs`, ...).
 `max_model_len`), and a prompt that does not fit is a 400, as in vLLM's server. The request checks,
 message normalisation and the SSE stream are rollout/agents/messages.py; this module serves and keeps sessions.
 
-Model and agent text is hostile input (issue 26). Each session has its own
-key: every request needs `Authorization: Bearer <Session.api_key>` (the
-harness hands it to the agent), else a 401. A body over `max_body_bytes` is
-a 413, read no further. Tool calls are found with `str.find`, in time linear
-in the text. Every error is an OpenAI-style JSON body: the request's fault a
-4xx; an engine failure a 503 (`engine_unavailable`) and a gateway bug a 500,
-both kept on the session (`Session.failure`) so that the harness raises them
-when its agent is done: the worker runs an episode an engine failed again.
+Model and agent text is hostile input (issue 26; rewards review #6-8, #11, #12,
+#18). Each session has its own key: every request needs
+`Authorization: Bearer <Session.api_key>` (the harness hands it to the agent),
+else a 401. Tool calls are found with `str.find`, in time linear in the text.
+The gateway never blocks its event loop on a request's size: a request whose
+characters cannot fit the model's context is refused before it is rendered,
+and rendering and tokenizing run on render threads (rollout/agents/prompts.py;
+scripts/bench/gateway_stall.py measures the loop's worst stall). `stop` takes
+at most 16 strings of 256 characters. `GatewayLimits` bounds the rest: a body
+over `max_body_bytes` is a 413, read no further; a request head over
+`max_header_bytes` a 400; a head or body that does not arrive in time is
+dropped (a 408); connections past `max_connections` are answered 503 and
+closed (rollout/agents/transport.py); a session's requests past
+`max_in_flight` at once are a 429. An agent-reported reward outside
+`reward_range` (harness.reward_range), not a finite number, or sent to a run
+that takes none, is refused and fails the trace (`RewardRefused`). Every
+error is an OpenAI-style JSON body: the request's fault a 4xx; an engine
+failure a 503 (`engine_unavailable`) and a gateway bug a 500, both kept on
+the session (`Session.failure`) so that the harness raises them when its
+agent is done: the worker runs an episode an engine failed again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
+import math
 import secrets
 import socket
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rollout.agents.messages import RequestError, error_response, normalize, request_tools, sampling_args, sse_events
-from rollout.agents.tool_calls import native_tools, parse_tool_calls, template_messages
+from harnesses.base import REWARD_RANGE
+from rollout.agents.messages import (
+    RequestError,
+    error_response,
+    normalize,
+    request_tools,
+    sampling_args,
+    sse_events,
+)
+from rollout.agents.prompts import Call, prompt_ids, too_long
+from rollout.agents.tool_calls import parse_tool_calls
 from rollout.orchestration.router import EngineError
 
 if TYPE_CHECKING:  # the Agent's module imports this one (an Agent hands its harness the gateway)
     from rollout.agents.client import Agent
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is read whole
+
+
+@dataclass(frozen=True)
+class GatewayLimits:
+    """What one worker's gateway lets its callers use; no agent that works as meant reaches a default.
+    The rollout worker sets `reward_range` from harness.reward_range; the rest are fixed here."""
+
+    max_body_bytes: int = 8 * 2**20  # a larger request body is a 413, read no further
+    max_header_bytes: int = 32 * 2**10  # request line + headers (h11): past it a 400, the connection closed
+    head_timeout_s: float = 30.0  # a connection that sends no whole request head within this is closed
+    body_timeout_s: float = 60.0  # a request body that does not arrive whole within this is a 408
+    keep_alive_s: float = 30.0  # an idle connection between requests is closed after this
+    max_connections: int = 1024  # connections at once; one more is answered 503 and closed
+    max_in_flight: int = 32  # requests of one session at once (each up to n=16); one more is a 429
+    render_threads: int = 2  # threads that render and tokenize prompts off the event loop
+    reward_range: tuple[float, float] = REWARD_RANGE  # an agent-reported reward outside it is a 400
+
+
+class RewardRefused(ValueError):
+    """The reward an agent reported was refused: its trace fails with this (see Session.raise_failure)."""
 
 
 # ---- sessions ------------------------------------------------------------------------------
 
 
 @dataclass
-class _Call:
-    history: list[dict]  # the request's messages + the reply returned (normalized)
-    ids: list[int]  # its prompt + completion ids
-    index: int  # its sequence in the trace
-
-
-@dataclass
 class _Role:
     agent: Agent
-    calls: list[_Call] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
 
 
 @dataclass
@@ -94,8 +132,12 @@ class Session:
     base: str  # http://host:port/s/<id>
     roles: dict[str, _Role]
     api_key: str  # every request must carry it as `Authorization: Bearer <api_key>`
+    reward_key: str | None = None  # what POST .../reward must carry instead; None: the run takes no agent reward
+    reward_range: tuple[float, float] = REWARD_RANGE  # an agent-reported reward outside it is refused
+    max_in_flight: int = GatewayLimits.max_in_flight
     reward: float | None = None
-    failure: Exception | None = None  # the first engine failure (EngineError) or gateway bug of a request
+    failure: Exception | None = None  # the first engine failure (EngineError), refused reward or gateway bug
+    in_flight: int = 0  # chat requests being answered now
     extended: int = 0  # calls whose prompt continued an earlier call's ids
     fresh: int = 0  # calls rendered from their messages
     tool_calls: int = 0
@@ -112,8 +154,9 @@ class Session:
     def raise_failure(self) -> None:
         """Raise what failed a request of this session, if anything did, once the agent is done
         (it may have swallowed the error): an EngineError as itself, so that the worker runs the
-        episode again (rollout.retries); a gateway bug as a RuntimeError that names it."""
-        if isinstance(self.failure, EngineError):
+        episode again (rollout.retries); a refused reward as itself (RewardRefused); a gateway bug
+        as a RuntimeError that names it."""
+        if isinstance(self.failure, (EngineError, RewardRefused)):
             raise self.failure
         if self.failure is not None:
             raise RuntimeError(
@@ -136,17 +179,18 @@ def _quiet_server(config):
 class Gateway:
     """The endpoint of one rollout worker process; `await Gateway.shared()` starts it on first use."""
 
-    _shared: Gateway | None = None
+    _shared: dict[GatewayLimits, Gateway] = {}
     _starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
-    def __init__(self, host: str = "127.0.0.1", max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(self, host: str = "127.0.0.1", limits: GatewayLimits | None = None):
         self.host = host
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits or GatewayLimits()
         self.port = 0
         self.sessions: dict[str, Session] = {}
         self._server = None
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
     def serving(self) -> bool:
@@ -155,29 +199,45 @@ class Gateway:
         return self._loop is loop and self._task is not None and not self._task.done()
 
     @classmethod
-    async def shared(cls, start_timeout_s: float = 30.0) -> Gateway:
-        """This process's gateway, started in the running event loop the first time (the episodes
-        that ask at once wait for the one start)."""
+    async def shared(cls, limits: GatewayLimits | None = None, start_timeout_s: float = 30.0) -> Gateway:
+        """This process's gateway with these limits, started in the running event loop the first
+        time (the episodes that ask at once wait for the one start)."""
+        limits = limits or GatewayLimits()
         loop = asyncio.get_running_loop()
         if cls._starting is None or cls._starting[0] is not loop:
             cls._starting = (loop, asyncio.Lock())
         async with cls._starting[1]:
-            if cls._shared is None or not cls._shared.serving:
-                gateway = cls()
+            gateway = cls._shared.get(limits)
+            if gateway is None or not gateway.serving:
+                gateway = cls(limits=limits)
                 await gateway.start(start_timeout_s)
-                cls._shared = gateway
-        return cls._shared
+                cls._shared[limits] = gateway
+        return gateway
 
     async def start(self, timeout_s: float = 30.0) -> None:
         import uvicorn
+
+        from rollout.agents.transport import BoundedH11
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         self.port = sock.getsockname()[1]
+        limits = self.limits
         config = uvicorn.Config(
-            self.app(), log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="off"
+            self.app(),
+            # h11, not httptools: it bounds a request head (httptools parsed a 64 MiB header)
+            http=functools.partial(
+                BoundedH11, head_timeout_s=limits.head_timeout_s, max_connections=limits.max_connections
+            ),
+            h11_max_incomplete_event_size=limits.max_header_bytes,
+            timeout_keep_alive=limits.keep_alive_s,
+            ws="none",
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
         )
+        self._pool = concurrent.futures.ThreadPoolExecutor(limits.render_threads, thread_name_prefix="gateway-render")
         self._server = _quiet_server(config)
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
@@ -195,17 +255,23 @@ class Gateway:
             self._server.should_exit = True
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._task, 10)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     @contextlib.contextmanager
-    def session(self, agents: dict[str, Agent]):
+    def session(self, agents: dict[str, Agent], agent_reward: bool = False):
         """A session for one harness run: its `base_url(role)` for each of `agents`' roles, and the
-        `api_key` its requests must carry."""
+        `api_key` its requests must carry. `agent_reward`: the agent may report its reward
+        (POST .../reward with the session's `reward_key`, a key of its own)."""
         sid = secrets.token_hex(12)
         session = Session(
             sid,
             f"http://{self.host}:{self.port}/s/{sid}",
             {r: _Role(a) for r, a in agents.items()},
             api_key=secrets.token_urlsafe(32),
+            reward_key=secrets.token_urlsafe(32) if agent_reward else None,
+            reward_range=self.limits.reward_range,
+            max_in_flight=self.limits.max_in_flight,
         )
         self.sessions[sid] = session
         try:
@@ -261,15 +327,19 @@ class Gateway:
         if session is not None and session.failure is None:
             session.failure = e
 
-    def _lookup(self, request) -> tuple[Session, str]:
+    def _lookup(self, request, key: str = "api_key") -> tuple[Session, str]:
+        """The request's session and role, once it shows the session's `key` (its api_key, or for
+        the reward route its reward_key when it has one)."""
         session = self.sessions.get(request.path_params["session"])
         if session is None:
             raise RequestError("unknown session: this URL's harness run has ended (or never began)", status=404)
+        expected = getattr(session, key) or session.api_key
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), session.api_key.encode()):
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected.encode()):
             raise RequestError(
                 "missing or wrong API key: send this session's key as 'Authorization: Bearer <key>' "
-                "(the harness gives the agent its api_key argument, or OPENAI_API_KEY)",
+                "(the harness gives the agent its api_key argument, or OPENAI_API_KEY; the reward "
+                "route takes its own key: reward_key, or TRACERL_REWARD_KEY)",
                 status=401,
                 code="invalid_api_key",
             )
@@ -286,21 +356,55 @@ class Gateway:
         return JSONResponse({"object": "list", "data": [{"id": policy, "object": "model", "owned_by": "tracerl"}]})
 
     async def _reward(self, request):
+        """The agent's reward, if this run takes one (else a 403); one the gateway refuses (a 400 or
+        403) also fails the trace, with the reason: it is never replaced by the verifier's."""
         from starlette.responses import JSONResponse
 
-        session, _ = self._lookup(request)
-        reward = (await _json(request, self.max_body_bytes)).get("reward")
-        if type(reward) not in (int, float) or reward != reward or abs(reward) == float("inf"):
-            raise RequestError("reward must be a finite number", "reward")
-        session.reward = float(reward)
+        session, _ = self._lookup(request, "reward_key")
+        if session.reward_key is None:
+            raise self._refuse(
+                session,
+                "the agent reported a reward, but this run takes none (harness.options.agent_reward is "
+                "false); set it true to train on the agent's reward",
+                status=403,
+                code="agent_reward_off",
+            )
+        reward = (await _json(request, self.limits)).get("reward")
+        low, high = session.reward_range
+        try:
+            value = float(reward) if type(reward) in (int, float) else math.nan
+        except OverflowError:  # an integer past the float range
+            value = math.nan
+        if not low <= value <= high:  # NaN included
+            raise self._refuse(
+                session, f"reward must be a number in harness.reward_range [{low:g}, {high:g}]; got {str(reward)[:40]}"
+            )
+        session.reward = value
         return JSONResponse({"reward": session.reward})
+
+    def _refuse(self, session: Session, reason: str, status: int = 400, code: str | None = None) -> RequestError:
+        """The error a refused reward answers, kept on the session to fail its trace."""
+        if session.failure is None:
+            session.failure = RewardRefused(f"the gateway refused the agent's reward: {reason}")
+        return RequestError(reason, "reward", status=status, code=code)
 
     async def _chat(self, request):
         from starlette.responses import JSONResponse, Response, StreamingResponse
 
         session, role = self._lookup(request)
-        body = await _json(request, self.max_body_bytes)
-        result = await _unless_disconnected(request, self.complete(session, role, body))
+        if session.in_flight >= session.max_in_flight:  # before its body is read
+            raise RequestError(
+                f"this session already has {session.max_in_flight} requests in flight, the gateway's limit "
+                f"(GatewayLimits.max_in_flight); wait for one to finish",
+                status=429,
+                code="rate_limit_exceeded",
+            )
+        session.in_flight += 1
+        try:
+            body = await _json(request, self.limits)
+            result = await _unless_disconnected(request, self.complete(session, role, body))
+        finally:
+            session.in_flight -= 1
         if result is None:  # the client left: its generations were aborted, nothing was recorded
             return Response(status_code=499)
         if body.get("stream"):
@@ -318,16 +422,11 @@ class Gateway:
         messages = normalize(body.get("messages"))
         slot = session.roles[role]
         fmt = slot.agent.format
-        prompt, parent = _prompt(slot, messages, tools)
+        prompt, parent = await prompt_ids(slot.calls, slot.agent, messages, tools, self._off_loop)
         context = slot.agent.max_model_len
         if context is not None:  # as vLLM's server: refuse a prompt that does not fit, clamp max_tokens to the rest
             if len(prompt) >= context:
-                raise RequestError(
-                    f"This model's maximum context length is {context} tokens; your messages are "
-                    f"{len(prompt)} tokens. Shorten them.",
-                    "messages",
-                    code="context_length_exceeded",
-                )
+                raise too_long(context, f"{len(prompt)} tokens")
             sampling["max_tokens"] = min(
                 sampling.get("max_tokens", slot.agent.sampling.max_tokens), context - len(prompt)
             )
@@ -344,7 +443,7 @@ class Gateway:
             reply = {"role": "assistant", "content": content or ""}
             if calls:
                 reply["tool_calls"] = calls
-            slot.calls.append(_Call(messages + [reply], prompt + c.completion_ids, index))
+            slot.calls.append(Call(messages + [reply], prompt + c.completion_ids, index))
             completion_tokens += len(c.completion_ids)
             message = {"role": "assistant", "content": content}
             if calls:
@@ -367,24 +466,9 @@ class Gateway:
             },
         }
 
-
-def _prompt(slot: _Role, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], int | None]:
-    """The prompt ids of a request and the sequence it continues: the latest earlier call whose
-    history + reply the messages extend, else none (rendered fresh). A template that cannot render
-    the messages (it raised, or the tools nest too deep) is the request's fault: a 400."""
-    from jinja2 import TemplateError
-
-    fmt = slot.agent.format
-    try:
-        for call in reversed(slot.calls):
-            k = len(call.history)
-            if len(messages) > k and messages[:k] == call.history:
-                return call.ids + fmt.continuation(call.ids, template_messages(messages[k:], fmt, None)), call.index
-        return fmt.render(template_messages(messages, fmt, tools), tools=native_tools(fmt, tools)), None
-    except (TemplateError, TypeError, ValueError, RecursionError) as e:
-        raise RequestError(
-            f"the chat template could not render these messages: {type(e).__name__}: {e}", "messages"
-        ) from None
+    async def _off_loop(self, fn, *args):
+        """`fn(*args)` on the gateway's render threads (the tokenizer releases the GIL while it works)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
 
 async def _unless_disconnected(request, work):
@@ -408,18 +492,28 @@ async def _unless_disconnected(request, work):
     return work.result() if not work.cancelled() else None
 
 
-async def _json(request, limit: int) -> dict:
-    """The request's JSON object body, read no further than `limit` bytes (else a 413)."""
+async def _json(request, limits: GatewayLimits) -> dict:
+    """The request's JSON object body, read no further than `limits.max_body_bytes` (else a 413)
+    and within `limits.body_timeout_s` (else a 408: a half-sent body holds nothing for long)."""
+    limit = limits.max_body_bytes
     too_large = RequestError(f"the request body is over the gateway's limit of {limit} bytes", status=413)
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():  # a chunked body has no length: count as it comes
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for chunk in request.stream():  # a chunked body has no length: count as it comes
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestError(
+            f"the request body did not arrive whole within {limits.body_timeout_s} s",
+            status=408,
+            code="request_timeout",
+        ) from None
     try:
         body = json.loads(b"".join(chunks))
     except (ValueError, RecursionError):  # RecursionError: nested too deep

@@ -9,6 +9,7 @@ a trace with status "failed" and the error — counted, never a crashed worker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import traceback
 from collections import Counter
@@ -17,7 +18,7 @@ from typing import Any
 from harnesses.base import as_result, collect_scoring_notes, load_harness
 from harnesses.scoring import ScoringScope
 from rollout.agents.client import Agent, ChatFormat, TraceRecorder
-from rollout.agents.gateway import Gateway
+from rollout.agents.gateway import Gateway, GatewayLimits
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
 from rollout.log import setup_logging
 from rollout.orchestration.router import EngineError, Router
@@ -55,6 +56,9 @@ class RolloutWorker:
         self.sampling = cfg.sampling
         self.cfg = cfg.rollout
         self.seed = cfg.seed
+        self.reward_range = tuple(cfg.harness.reward_range)
+        # this process's gateway (harnesses/openai_agent.py), refusing agent-reported rewards outside the range
+        self.gateway = functools.partial(Gateway.shared, GatewayLimits(reward_range=self.reward_range))
         self.buffer = buffer  # TraceBuffer actor handle
         self.counts: Counter[str] = Counter(traces_ok=0, traces_failed=0, traces_truncated=0)
         self.generated_tokens = 0
@@ -97,7 +101,7 @@ class RolloutWorker:
                 seed=self.seed,
                 trainable=self.trainable[policy],
                 max_model_len=self.max_model_len[policy],
-                gateway=Gateway.shared,
+                gateway=self.gateway,
             )
             for role, policy in self.agents.items()
         }
@@ -107,7 +111,10 @@ class RolloutWorker:
         try:
             with collect_scoring_notes() as notes, ScoringScope(agents) as scoring:
                 async with deadline:  # a judge's scores (harnesses/judge.py) are awaited within it
-                    result = as_result(await scoring.settle(await self.harness(task, agents, **self.harness_options)))
+                    result = as_result(
+                        await scoring.settle(await self.harness(task, agents, **self.harness_options)),
+                        self.reward_range,
+                    )
         except TimeoutError as e:  # the run's deadline, or a timeout the harness itself raised
             status, error = (
                 "failed",

@@ -31,15 +31,27 @@ class Question:  # what an agent function is given: a task with a prompt
 @pytest.fixture(scope="module")
 def gateway_run(engine, tiny_tokenizer):
     """`gateway_run(fn, traces=1, temperature=1.0, max_tokens=12, max_model_len=None, backend=None,
-    fmt=None, **sampling)`: opens a session per trace over the shared engine (or `backend`; role
-    "solver", the tiny model's chat format or `fmt`) and runs `fn(session, client, k)` for each at
-    once, in this process's event loop with the gateway in it (the client has the session's key).
+    fmt=None, limits=None, agent_reward=False, **sampling)`: opens a session per trace (with
+    `agent_reward`) on a gateway with `limits` over the shared engine (or `backend`; role "solver",
+    the tiny model's chat format or `fmt`) and runs `fn(session, client, k)` for each at once, in
+    this process's event loop with the gateway in it (the client has the session's key).
     Returns [(recorder, session, result)]."""
     tiny_format = ChatFormat(tiny_tokenizer)
 
-    def run(fn, traces=1, temperature=1.0, max_tokens=12, max_model_len=None, backend=None, fmt=None, **sampling):
+    def run(
+        fn,
+        traces=1,
+        temperature=1.0,
+        max_tokens=12,
+        max_model_len=None,
+        backend=None,
+        fmt=None,
+        limits=None,
+        agent_reward=False,
+        **sampling,
+    ):
         async def main():
-            gateway = Gateway()
+            gateway = Gateway(limits=limits)
             await gateway.start()
             try:
 
@@ -55,7 +67,7 @@ def gateway_run(engine, tiny_tokenizer):
                         seed=3,
                         max_model_len=max_model_len,
                     )
-                    with gateway.session({"solver": agent}) as s:
+                    with gateway.session({"solver": agent}, agent_reward=agent_reward) as s:
                         async with AsyncOpenAI(base_url=s.base_url("solver"), api_key=s.api_key, max_retries=0) as c:
                             result = await fn(s, c, k)
                     return rec, s, result
@@ -374,17 +386,19 @@ def _alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
-async def reporting_agent(task, base_url, api_key):
-    """An agent function that reports its own reward (a bad report first: refused)."""
+async def reporting_agent(task, base_url, api_key, reward_key):
+    """An agent function that reports its own reward, with its reward key (the chat key: a 401)."""
     import httpx
 
     async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
         r = await client.chat.completions.create(
             model="main", max_tokens=4, messages=[{"role": "user", "content": task.prompt}]
         )
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {api_key}"}) as http:
-        assert (await http.post(f"{base_url}/reward", json={"reward": "high"})).status_code == 400
-        (await http.post(f"{base_url}/reward", json={"reward": 0.25})).raise_for_status()
+    async with httpx.AsyncClient() as http:
+        chat_key = {"Authorization": f"Bearer {api_key}"}
+        assert (await http.post(f"{base_url}/reward", json={"reward": 1.0}, headers=chat_key)).status_code == 401
+        reward_key = {"Authorization": f"Bearer {reward_key}"}
+        (await http.post(f"{base_url}/reward", json={"reward": 0.25}, headers=reward_key)).raise_for_status()
     return r.choices[0].message.content
 
 
@@ -397,6 +411,7 @@ def test_openai_agent_function_mode_takes_the_reward_the_agent_reports(run_harne
             ["agent"],
             task_index=k,
             agent="tests.rollout.test_gateway.reporting_agent",
+            agent_reward=True,
         )
         assert len(seqs) == 1 and result.reward == 0.25 and result.info["reward_from"] == "agent"
         assert result.info["gateway_fresh"] == 1 and result.info["gateway_extended"] == 0

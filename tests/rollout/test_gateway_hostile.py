@@ -47,7 +47,8 @@ def test_tool_call_parsing_of_degenerate_output():
 @pytest.mark.integration
 def test_every_route_needs_the_session_key(gateway_run):
     """Without the key, with a wrong one, or another session's: 401 with OpenAI's error body, on
-    the chat, models and reward routes; the reward stays unset. With it: answered."""
+    the chat, models and reward routes (which takes the reward key, not the chat key); the reward
+    stays unset. With it: answered."""
 
     async def knock(session, client, k):
         url, others = session.base_url("solver"), []
@@ -63,14 +64,16 @@ def test_every_route_needs_the_session_key(gateway_run):
                     await http.get(f"{url}/models", headers=headers),
                     await http.post(f"{url}/reward", json={"reward": 1.0}, headers=headers),
                 ]
+            chat_key = {"Authorization": f"Bearer {session.api_key}"}
+            others.append(await http.post(f"{url}/reward", json={"reward": 1.0}, headers=chat_key))
             reward = session.reward
             ok = await http.post(
-                f"{url}/reward", json={"reward": 0.5}, headers={"Authorization": f"Bearer {session.api_key}"}
+                f"{url}/reward", json={"reward": 0.5}, headers={"Authorization": f"Bearer {session.reward_key}"}
             )
         return others, reward, ok
 
-    [(rec, session, (refused, reward, ok))] = gateway_run(knock)
-    assert [r.status_code for r in refused] == [401] * 12 and reward is None and rec.sequences == []
+    [(rec, session, (refused, reward, ok))] = gateway_run(knock, agent_reward=True)
+    assert [r.status_code for r in refused] == [401] * 13 and reward is None and rec.sequences == []
     assert all(r.json()["error"]["code"] == "invalid_api_key" for r in refused)
     assert ok.status_code == 200 and session.reward == 0.5
 
@@ -288,7 +291,7 @@ def test_a_command_agent_sees_only_the_allowed_environment(run_harness, monkeypa
     _, _, result = run_harness("harnesses.openai_agent.openai_agent", ["agent"], command=show)
     names = json.loads(result.info["answer"])
     assert "SECRET_X" not in names and "NAMED_Y" not in names and not any(n.startswith("RAY_") for n in names)
-    assert {"PATH", "OPENAI_BASE_URL", "OPENAI_API_KEY", "TRACERL_REWARD_URL"} <= set(names)
+    assert {"PATH", "OPENAI_BASE_URL", "OPENAI_API_KEY"} <= set(names)
     _, _, result = run_harness("harnesses.openai_agent.openai_agent", ["agent"], command=show, env=["NAMED_Y"])
     assert "NAMED_Y" in json.loads(result.info["answer"])  # named in harness.options.env
 

@@ -46,6 +46,13 @@ def check_tool_parser(r):
     assert isinstance(r["goal_met"], bool) and r["old_regex_ms"]
 
 
+def check_gateway_stall(r):
+    # a 5 MiB message cannot fit the context: refused, and the loop's worst stall measured (not judged here)
+    row = r["tiny"]["5MiB"]
+    assert row["status"] == 400 and row["code"] == "context_length_exceeded", row
+    assert row["worst_stall_ms"] >= 0 and isinstance(r["goal_met"], bool)
+
+
 def check_hostile(r):
     assert r["file_created"] is False  # no payload escaped the sandbox
     assert r["hostile_ms"] and all("gold" in row for row in r["hostile_ms"].values())

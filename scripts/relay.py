@@ -136,6 +136,92 @@ def tokens(recs: list[dict]) -> dict:
     }
 
 
+# ---- the pre-registered analysis (docs/preregistration/relay.md) ---------------------------------
+
+
+def sign_test(before: list[dict], after: list[dict]) -> dict:
+    """Items that got better / worse from `before` to `after` (the same items), and the exact
+    two-sided binomial p of that split (McNemar's exact test; ties dropped)."""
+    assert [r["id"] for r in before] == [r["id"] for r in after], "the conditions must hold the same items"
+    better = sum(a["reward"] > b["reward"] for b, a in zip(before, after))
+    worse = sum(a["reward"] < b["reward"] for b, a in zip(before, after))
+    n, k = better + worse, min(better, worse)
+    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"better": better, "worse": worse, "p": p}
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (Lentz's method, as in
+    Numerical Recipes' betacf)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """P(|T| >= |t|) for Student's t with `df` degrees of freedom: I_x(df/2, 1/2), x = df/(df+t^2)."""
+    x, a, b = df / (df + t * t), df / 2.0, 0.5
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def paired_t(diffs: list[float]) -> dict:
+    """The paired t-test over seeds of per-seed differences: mean, t, two-sided p (n - 1 df)."""
+    n, m = len(diffs), statistics.fmean(diffs)
+    assert n >= 2, "a paired t-test needs at least 2 seeds"
+    sd = statistics.stdev(diffs)
+    if sd == 0.0:
+        return {"seeds": n, "mean": m, "t": math.copysign(math.inf, m) if m else 0.0, "p": 0.0 if m else 1.0}
+    t = m / (sd / math.sqrt(n))
+    return {"seeds": n, "mean": m, "t": t, "p": t_two_sided_p(t, n - 1)}
+
+
+def bootstrap_ci(a: list[list[float]], c: list[list[float]], resamples: int = 10000, seed: int = 0) -> tuple:
+    """95% two-level bootstrap CI of mean over seeds of (mean c - mean a): resample seeds, then
+    within each drawn seed its items (one item draw for both arms: they stay paired).
+    a[s][i], c[s][i]: the reward of item i in seed s."""
+    import numpy as np
+
+    d = np.asarray(c, dtype=float) - np.asarray(a, dtype=float)  # (seeds, items)
+    rng = np.random.default_rng(seed)
+    seeds, items = d.shape
+    stats = []
+    for start in range(0, resamples, 500):  # in chunks: (500, seeds, items) indices at a time
+        n = min(500, resamples - start)
+        picks = rng.integers(0, seeds, size=(n, seeds))
+        rows = rng.integers(0, items, size=(n, seeds, items))
+        stats.append(d[picks[..., None], rows].mean(axis=(1, 2)))
+    stats = np.concatenate(stats)
+    return float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
+
+
+def holm(pvalues: dict[str, float]) -> dict[str, float]:
+    """Holm-adjusted p-values of a family (step-down, monotone, capped at 1)."""
+    order = sorted(pvalues, key=pvalues.get)
+    adjusted, running = {}, 0.0
+    for rank, name in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * pvalues[name]))
+        adjusted[name] = running
+    return adjusted
+
+
 # ---- running the evaluations -------------------------------------------------------------------
 
 
@@ -153,13 +239,19 @@ def read_items(path: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def head_commit() -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
 def run_condition(name: str, overrides: list[str], out: Path, work: Path, timeout_s: float) -> list[dict]:
-    """scripts/evaluate.py on one condition (its items file kept in `out` and reused), the traces'
-    items in task order."""
-    path = out / f"{name}.items.jsonl.gz"
-    if path.exists():
+    """scripts/evaluate.py on one condition, the traces' items in task order. The items file and
+    OUT/<name>.meta.json (the commit evaluated, the overrides, the wall time) are kept in `out`
+    and reused."""
+    path, meta = out / f"{name}.items.jsonl.gz", out / f"{name}.meta.json"
+    if path.exists() and meta.exists():
         print(f"[relay] {name}: evaluated already ({path})", flush=True)
         return read_items(path)
+    commit = head_commit()
     report, log = work / f"{name}.json", work / f"{name}.log"
     cmd = [sys.executable, "scripts/evaluate.py", *overrides, "--out", str(report)]
     print(f"[relay] {name}: {' '.join(cmd[1:])} (output: {log})", flush=True)
@@ -175,6 +267,8 @@ def run_condition(name: str, overrides: list[str], out: Path, work: Path, timeou
     traces = read_jsonl(json.loads(report.read_text())["model"]["traces"])
     recs = sorted((item(t, lambda ids: tok.decode(ids, skip_special_tokens=True)) for t in traces), key=task_number)
     write_items(path, recs)
+    wall = json.loads(report.read_text())["model"]["wall_s"]
+    write_atomic(meta, json.dumps({"commit": commit, "overrides": overrides, "wall_s": wall}, indent=2))
     return recs
 
 
@@ -195,17 +289,19 @@ def main(argv: list[str] | None = None) -> None:
     overrides["single"].append(f"sampling.max_tokens={(args.operations + 1) * team_max}")  # the team's calls
     recs = {name: run_condition(name, over, args.out, work, args.timeout_s) for name, over in overrides.items()}
     criteria = gate(recs["single"], recs["team"])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     summary = {
-        "commit": commit,  # the code evaluated (uncommitted changes aside)
         "operations": args.operations,
         "items": len(recs["team"]),
-        "overrides": overrides,
+        # per condition: the commit evaluated (uncommitted changes aside), its overrides and wall time
+        "evaluations": {name: json.loads((args.out / f"{name}.meta.json").read_text()) for name in recs},
         "accuracy": {name: mean(r["reward"] for r in rs) for name, rs in recs.items()},
         "gate": criteria,
         "passed": all(c["pass"] for c in criteria.values()),
         "tokens": {name: tokens(rs) for name, rs in recs.items()},
         "seeds": seeds_needed(recs["single"], recs["team"]),
+        # the positive control's item-level check, and the harness effect (before training)
+        "oracle_vs_team": sign_test(recs["team"], recs["oracle"]),
+        "team_vs_single": sign_test(recs["single"], recs["team"]),
     }
     write_atomic(args.out / "pilot.json", json.dumps(summary, indent=2, allow_nan=False))
     print(f"[relay] wrote {args.out / 'pilot.json'}", flush=True)

@@ -3,8 +3,10 @@
 
 Each preset composes and validates, holds out stories no training draw repeats, and changes from
 arm B (relay_team_shared) exactly what its arm is about; the single agent gets the team's whole
-token budget. The gate's criteria and the seed count are checked on items made up here; the
-evaluations themselves ran for the pilot (docs/results/relay_pilot/).
+token budget. The gate's criteria, the seed count and the pre-registered analysis (paired t,
+two-level bootstrap, Holm, exact sign test) are checked on numbers made up here; the pilot's
+code path runs end to end on the tiny model (e2e); its real evaluations are in
+docs/results/relay_pilot/.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from rollout.config import make_task_source
 from rollout.trace import Sequence, Trace
 from scripts.relay import CONDITIONS, gate, item, seeds_needed, tokens
 from trainer.config import compose, validate
-
-pytestmark = pytest.mark.unit
 
 ARMS = ("single_agent", "team_shared", "team_lora")
 
@@ -41,6 +41,7 @@ def changed(arm: str, reference: str = "team_shared") -> set[str]:
     return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("arm", ARMS)
 def test_each_arm_composes_validates_and_holds_out_unseen_stories(arm):
     cfg = compose("train", [f"experiment=relay_{arm}", "seed=3"])
@@ -56,6 +57,7 @@ def test_each_arm_composes_validates_and_holds_out_unseen_stories(arm):
     assert len(held_out) == 512 and not held_out & trained
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("arm", ["team_shared", "team_lora"])
 def test_the_team_arms_train_each_role_on_its_own_reward_with_its_own_baseline(arm):
     cfg = compose("train", [f"experiment=relay_{arm}"])
@@ -64,6 +66,7 @@ def test_the_team_arms_train_each_role_on_its_own_reward_with_its_own_baseline(a
     assert cfg.harness.name == "relay" and cfg.harness.options == {"oracle_calculator": False}
 
 
+@pytest.mark.unit
 def test_arm_c_changes_only_the_policies_and_their_lr():
     lora = changed("team_lora")
     assert {"agents.reader", "agents.calculator", "learner.lr"} <= lora
@@ -75,6 +78,7 @@ def test_arm_c_changes_only_the_policies_and_their_lr():
     assert all(cfg.policy_table()[p].lora.rank == 16 for p in ("reader", "calculator"))
 
 
+@pytest.mark.unit
 def test_the_single_agent_answers_alone_with_the_teams_whole_token_budget():
     single, team = (compose("train", [f"experiment=relay_{a}"]) for a in ("single_agent", "team_shared"))
     calls = 1 + team.task.params["operations"]  # the reader, then a calculator call per operation
@@ -89,6 +93,7 @@ def test_the_single_agent_answers_alone_with_the_teams_whole_token_budget():
     assert not single.algorithm.advantage.per_agent_rewards  # one role: the trace reward
 
 
+@pytest.mark.unit
 def test_the_pilots_conditions_are_the_presets():
     for overrides in CONDITIONS.values():
         validate(compose("train", overrides))
@@ -109,6 +114,7 @@ def team_of(rewards: list[float], reader: list[float], calls: list[tuple[bool, .
     return [rec(i, r, rd, c) for i, (r, rd, c) in enumerate(zip(rewards, reader, calls))]
 
 
+@pytest.mark.unit
 def test_the_gate_passes_a_team_within_five_points_with_learnable_roles():
     single = [rec(i, float(i < 25)) for i in range(100)]  # 0.25
     team = team_of(
@@ -122,6 +128,7 @@ def test_the_gate_passes_a_team_within_five_points_with_learnable_roles():
     assert g["single_at_most_half"] == {"single": 0.25, "pass": True}
 
 
+@pytest.mark.unit
 def test_the_gate_fails_each_criterion_on_its_own():
     base = team_of([float(i < 20) for i in range(100)], [float(i < 40) for i in range(100)], [(True, False)] * 100)
     assert not gate([rec(i, float(i < 26)) for i in range(100)], base)["team_not_below_single"]["pass"]  # 6 below
@@ -138,6 +145,7 @@ def test_the_gate_fails_each_criterion_on_its_own():
         gate([rec(i + 1, 0.0) for i in range(100)], base)
 
 
+@pytest.mark.unit
 def test_more_seeds_when_five_cannot_detect_eight_points():
     same = [rec(i, float(i % 2)) for i in range(512)]
     agree = seeds_needed(same, same)  # no item noise: the seed noise alone
@@ -149,6 +157,7 @@ def test_more_seeds_when_five_cannot_detect_eight_points():
     assert noisy["mde"][8] < noisy["mde"][5]
 
 
+@pytest.mark.unit
 def test_an_items_record_reads_the_relays_info_and_counts_tokens_by_role():
     seq = lambda role, n: Sequence([1, 2], list(range(n)), [0.0] * n, role, "main", 0)  # noqa: E731
     info = {
@@ -168,3 +177,93 @@ def test_an_items_record_reads_the_relays_info_and_counts_tokens_by_role():
     r = item(single, decode=lambda ids: "so <answer>7</answer>")
     assert (r["answer"], r["truncated"], r["failed"]) == ("7", True, False)
     assert tokens([r])["truncated"] == 1 and tokens([r])["by_role"] == {"solver": 5.0}
+
+
+# ---- the pre-registered analysis (scripts/relay.py) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "t, df, p",
+    [(2.776, 4, 0.05), (2.365, 7, 0.05), (0.941, 4, 0.40), (12.706, 1, 0.05), (1.96, 10**5, 0.05), (0.0, 5, 1.0)],
+)
+@pytest.mark.unit
+def test_the_t_distributions_two_sided_p_matches_the_tables(t, df, p):
+    from scripts.relay import t_two_sided_p
+
+    assert t_two_sided_p(t, df) == pytest.approx(p, abs=2e-4)
+    assert t_two_sided_p(-t, df) == t_two_sided_p(t, df)
+
+
+@pytest.mark.unit
+def test_the_paired_t_test_over_seeds():
+    from scripts.relay import paired_t
+
+    # d = 0.1, 0.05, 0.08, 0.02, 0.07: mean 0.064, sd 0.03050, t = 4.6927 (4 df), p = 0.00936
+    r = paired_t([0.1, 0.05, 0.08, 0.02, 0.07])
+    assert (r["seeds"], round(r["mean"], 4), round(r["t"], 3), round(r["p"], 4)) == (5, 0.064, 4.693, 0.0094)
+    assert paired_t([0.02, 0.02, 0.02])["p"] == 0.0 and paired_t([0.0, 0.0])["p"] == 1.0
+    assert paired_t([0.1, -0.1, 0.05, -0.05, 0.0])["p"] == 1.0
+
+
+@pytest.mark.unit
+def test_holm_adjusts_step_down_and_stays_monotone():
+    from scripts.relay import holm
+
+    assert holm({"vote": 0.04, "A": 0.01, "transplant": 0.03}) == {"A": 0.03, "transplant": 0.06, "vote": 0.06}
+    assert holm({"A": 0.5, "B": 0.6}) == {"A": 1.0, "B": 1.0}
+
+
+@pytest.mark.unit
+def test_the_two_level_bootstrap_resamples_seeds_and_items_paired():
+    import random
+
+    from scripts.relay import bootstrap_ci
+
+    r = random.Random(0)
+    a = [[float(r.random() < 0.3) for _ in range(512)] for _ in range(5)]
+    c = [[x if r.random() < 0.8 else 1.0 for x in row] for row in a]  # c >= a everywhere, ~14 points better
+    lo, hi = bootstrap_ci(a, c, resamples=2000)
+    true = sum(sum(y) - sum(x) for x, y in zip(a, c)) / (5 * 512)
+    assert 0 < lo < true < hi < 0.25
+    same = bootstrap_ci(a, a, resamples=500)
+    assert same == (0.0, 0.0), "paired: one item draw for both arms"
+    assert bootstrap_ci(a, c, resamples=500, seed=1) == bootstrap_ci(a, c, resamples=500, seed=1)
+
+
+@pytest.mark.unit
+def test_the_sign_test_counts_items_that_moved():
+    from scripts.relay import sign_test
+
+    before = [rec(i, float(i < 10)) for i in range(40)]
+    after = [rec(i, float(i < 30) if i >= 5 else 0.0) for i in range(40)]  # 5 worse, 20 better
+    assert sign_test(before, after) == {"better": 20, "worse": 5, "p": pytest.approx(0.00408, abs=1e-5)}
+
+
+@pytest.mark.e2e
+def test_the_quick_pilot_writes_each_conditions_items_and_a_gate_that_reads_them(tmp_path):
+    """scripts/relay.py --quick: the three untrained evaluations on the tiny model (8 items each)
+    as the pilot ran them; a second call reuses them."""
+    import json
+    import subprocess
+    import sys
+
+    from scripts.relay import ROOT, read_items
+
+    cmd = [sys.executable, "scripts/relay.py", "--operations", "1", "--quick", "--out", str(tmp_path / "out")]
+    cmd += ["--work", str(tmp_path / "work")]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    pilot = json.loads((tmp_path / "out" / "pilot.json").read_text())
+    items = {name: read_items(tmp_path / "out" / f"{name}.items.jsonl.gz") for name in CONDITIONS}
+    assert [r["id"] for r in items["team"]] == [f"story_sum/eval/{i}" for i in range(8)]
+    for name, recs in items.items():
+        assert [r["id"] for r in recs] == [r["id"] for r in items["team"]]
+        assert pilot["accuracy"][name] == round(sum(r["reward"] for r in recs) / 8, 4)
+        assert pilot["evaluations"][name]["overrides"][: len(CONDITIONS[name])] == CONDITIONS[name]
+    assert pilot["gate"] == gate(items["single"], items["team"])
+    assert "sampling.max_tokens=48" in pilot["evaluations"]["single"]["overrides"]  # 2 calls of 24
+    assert all(r["tokens"] <= 48 for r in items["single"]) and all(r["tokens"] <= 48 for r in items["team"])
+    assert all(set(r["tokens_by_role"]) <= {"reader"} for r in items["oracle"])
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and second.stdout.count("evaluated already") == 3
+    assert json.loads((tmp_path / "out" / "pilot.json").read_text()) == pilot

@@ -267,3 +267,25 @@ def test_the_quick_pilot_writes_each_conditions_items_and_a_gate_that_reads_them
     second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0 and second.stdout.count("evaluated already") == 3
     assert json.loads((tmp_path / "out" / "pilot.json").read_text()) == pilot
+
+
+@pytest.mark.unit
+def test_the_presets_run_what_the_pilot_gate_passed_and_match_its_tokens():
+    """docs/results/relay_pilot/ops1: the gate passed with one operation; arm A's groups a step are
+    the team's 4 scaled by the untrained team's and single agent's generated tokens per story."""
+    import json
+
+    from scripts.relay import ROOT, read_items
+
+    pilot = json.loads((ROOT / "docs/results/relay_pilot/ops1/pilot.json").read_text())
+    assert pilot["passed"] and pilot["items"] == 512
+    single, team = (compose("train", [f"experiment=relay_{a}"]) for a in ("single_agent", "team_shared"))
+    assert team.task.params["operations"] == pilot["operations"] == 1
+    assert f"sampling.max_tokens={single.sampling.max_tokens}" in pilot["evaluations"]["single"]["overrides"]
+    # the pilot's calls were cut at the presets' max_tokens: the reader's longest reply, the single agent's
+    items = {name: read_items(ROOT / f"docs/results/relay_pilot/ops1/{name}.items.jsonl.gz") for name in CONDITIONS}
+    assert max(r["tokens_by_role"]["reader"] for r in items["team"]) == team.sampling.max_tokens
+    assert max(r["tokens"] for r in items["single"]) == single.sampling.max_tokens
+    tokens = pilot["tokens"]
+    matched = team.trainer.groups_per_step * tokens["team"]["per_trace"] / tokens["single"]["per_trace"]
+    assert single.trainer.groups_per_step == round(matched) == 3

@@ -6,7 +6,8 @@
         trainer.max_staleness=1 agents.verifier=frozen
 
 Without `cluster=` (and `ray.address`) on the command line it runs on the preset for the GPUs torch
-sees (conf/cluster/: local, gpu or gpu_node) and prints which. Writes run_dir/{config.yaml,
+sees (conf/cluster/: local, gpu, or gpu_node when the job fits them) and prints which and why; GPUs
+that nvidia-smi lists and torch cannot use stop it, saying why. Writes run_dir/{config.yaml,
 metrics.jsonl, checkpoints/, eval/, summary.json}; wandb offline by default. The last output line
 is the summary as JSON.
 """
@@ -22,7 +23,7 @@ from omegaconf import DictConfig
 from rollout.log import setup_logging
 from rollout.orchestration.cluster import run_job
 from rollout.orchestration.placement import with_cluster_for_this_machine
-from trainer.config import register_configs
+from trainer.config import compose, register_configs
 from trainer.loop import check, train
 
 register_configs()
@@ -35,5 +36,6 @@ def main(dcfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
-    sys.argv = with_cluster_for_this_machine(sys.argv)  # no cluster= given: the preset for this machine's GPUs
+    # no cluster= given: the preset for this machine's GPUs, gpu_node only if the job fits them
+    sys.argv = with_cluster_for_this_machine(sys.argv, lambda overrides: compose("train", overrides))
     main()

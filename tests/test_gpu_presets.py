@@ -1,13 +1,23 @@
 """The GPU cluster presets (conf/cluster/gpu.yaml, gpu_node.yaml) with every experiment, the GPU
-config checks (each error names the keys and a preset that fits; all run before Ray starts), and
-the pick of a preset by the machine's GPU count. Pure config: the GPUs are declared
-(`ray.num_gpus`); tests/rollout/test_placement.py places actors with them."""
+config checks (each error names the keys and a preset that fits; all run before Ray starts), the
+pick of a preset by the machine's GPUs and the job's needs, and the stop when nvidia-smi lists GPUs
+that torch cannot use. Pure config: the GPUs are declared (`ray.num_gpus`) or listed by a stand-in
+`nvidia-smi`; tests/rollout/test_placement.py places actors with them."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from rollout.orchestration.placement import gpus_needed, pick_cluster
+from rollout.orchestration.placement import (
+    CUDA_DRIVER_MIN,
+    MachineGpus,
+    gpus_needed,
+    pick_cluster,
+    unusable_gpus,
+)
 from trainer.config import compose, validate
 
 pytestmark = pytest.mark.unit
@@ -187,9 +197,6 @@ def test_the_train_script_picks_a_preset_and_refuses_what_it_cannot_place_before
     """scripts/train.py with no cluster= on a machine of one GPU (declared): it says it picked
     cluster=gpu, which keeps a command-line learner.world_size=2 (the command line wins) and so is
     refused before Ray starts, naming the keys and the preset that fits."""
-    import subprocess
-    import sys
-
     proc = subprocess.run(
         [sys.executable, "scripts/train.py", "ray.num_gpus=1", "learner.world_size=2"],
         cwd=CONF.parent,
@@ -218,3 +225,158 @@ def test_learners_on_a_gpu_start_after_the_engines():
     assert cfg.trainable_policies() and cfg.policy_learner("main").num_gpus > 0
     with ExitStack() as stack:
         assert start_learners(cfg, stack, gpu=False) == {}
+
+
+# ---- the pick fits the job (GPU review F3) and never falls back to the CPU (F1) -----------------
+
+MAKE_TRAIN = "experiment=smollm2_solver_verifier"  # make train's experiment: two engine pools, one learner rank
+
+
+@pytest.mark.parametrize(
+    "gpus, picked, why",
+    [
+        (1, "cluster=gpu", "(1 GPU(s), from ray.num_gpus)"),
+        (
+            2,
+            "cluster=gpu",
+            "(2 GPU(s), from ray.num_gpus; too few for cluster=gpu_node, which would need 3: a GPU each for "
+            "engines of pool 'frozen': 1, engines of pool 'main': 1, learner ranks of 'main': 1)",
+        ),
+        (4, "cluster=gpu_node", "(4 GPU(s), from ray.num_gpus; the job takes 3 of them)"),
+        (8, "cluster=gpu_node", "(8 GPU(s), from ray.num_gpus; the job takes 3 of them)"),
+    ],
+)
+def test_make_trains_job_gets_gpu_node_only_where_it_fits(gpus, picked, why):
+    """GPU review F3: on 2 GPUs the pick was gpu_node, which make train's job (solver engine,
+    frozen verifier engine, one learner rank: 3 whole GPUs) does not fit, so the default command
+    failed its config check. The pick composes the job: gpu_node where it fits, else gpu (shares),
+    and its line says what and why; the job it picks passes the check on that machine."""
+    args = [MAKE_TRAIN, f"ray.num_gpus={gpus}"]
+    extra, line = pick_cluster(args, 0, lambda overrides: compose("train", overrides))
+    assert extra == [picked]
+    assert line.startswith(f"[cluster] {picked}: ") and f" {why}; to choose, add cluster=" in line
+    validate(compose("train", extra + args))
+
+
+def test_the_train_script_picks_shares_on_two_gpus():
+    """GPU review F3, through scripts/train.py (`--cfg job`: hydra prints the job and stops):
+    two declared GPUs give make train's job cluster=gpu, the learner on 0.4 of a GPU."""
+    proc = subprocess.run(
+        [sys.executable, "scripts/train.py", MAKE_TRAIN, "ray.num_gpus=2", "--cfg", "job"],
+        cwd=CONF.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "[cluster] cluster=gpu: one GPU: the engines and one learner rank share it (2 GPU(s)," in proc.stderr
+    assert "too few for cluster=gpu_node, which would need 3" in proc.stderr
+    learner = proc.stdout[proc.stdout.index("\nlearner:") :]
+    assert "\n  num_gpus: 0.4\n" in learner and "\n  world_size: 1\n" in learner
+
+
+def machine(**kw) -> MachineGpus:
+    """An H100 box as torch and nvidia-smi see it: the CUDA builds, a driver new enough, one GPU."""
+    facts = dict(
+        torch=1,
+        listed=1,
+        driver=f"{CUDA_DRIVER_MIN}.65.06",
+        torch_version="2.13.0",
+        torch_cuda="13.0",
+        vllm_cuda=True,
+        cuda_visible_devices=None,
+    )
+    return MachineGpus(**{**facts, **kw})
+
+
+@pytest.mark.parametrize(
+    "facts, why",
+    [
+        (dict(), None),
+        (dict(torch=0, listed=0, driver=""), None),  # no GPU: the CPU
+        (dict(torch=0, torch_version="2.13.0+cpu", torch_cuda=None, vllm_cuda=False), None),  # a CPU install
+        (
+            dict(torch=0, driver="570.124.06"),
+            f"nvidia-smi lists 1 GPU(s) but torch sees none: torch 2.13.0 is a CUDA 13.0 build and the NVIDIA "
+            f"driver is 570.124.06; the pinned torch needs driver {CUDA_DRIVER_MIN} or newer: upgrade the driver "
+            f"(the job does not fall back to the CPU)",
+        ),
+        (
+            dict(torch=0, torch_version="2.13.0+cpu", torch_cuda=None),
+            "this venv mixes torch's CPU build (2.13.0+cpu) with vLLM's CUDA build (a CPU venv reused for the GPU "
+            "install): run `bash scripts/setup.sh`, which makes it anew",
+        ),
+        (
+            dict(torch=0, cuda_visible_devices=""),
+            "CUDA_VISIBLE_DEVICES='' hides them from torch, while vLLM's CUDA build still finds them (NVML)",
+        ),
+        (dict(torch=0, driver="570.124.06", cuda_visible_devices="0"), "the NVIDIA driver is 570.124.06"),
+        (dict(torch=0), "cannot initialise CUDA with driver 580.65.06"),
+    ],
+)
+def test_gpus_that_torch_cannot_use_stop_the_job_saying_why(facts, why):
+    """GPU review F1: nvidia-smi listed a GPU, torch (CUDA 13.0, driver < 580) saw none, the pick
+    was silently cluster=local, and vLLM's CUDA build, which finds GPUs by NVML, failed in every
+    engine with an error that never names the driver. Now the job stops and says why."""
+    got = unusable_gpus(machine(**facts))
+    assert got == why if why is None or why.startswith("nvidia-smi") else why in got
+
+
+@pytest.fixture
+def gpu_listed(tmp_path):
+    """PATH with a stand-in nvidia-smi listing one H100 with driver 570 (too old for CUDA 13.0)."""
+    stub = tmp_path / "bin" / "nvidia-smi"
+    stub.parent.mkdir()
+    stub.write_text(
+        "#!/bin/bash\n"
+        'case "$*" in\n'
+        '    -L) echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)" ;;\n'
+        "    *driver_version*) echo 570.124.06 ;;\n"
+        "esac\n"
+    )
+    stub.chmod(0o755)
+    return {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}"}
+
+
+def train_script(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "scripts/train.py", *args],
+        cwd=CONF.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_cpu_install_on_a_gpu_machine_runs_on_the_cpu_and_says_why(gpu_listed):
+    """GPU review F1/F4: this venv holds the CPU builds (the test suite's venv on a GPU machine),
+    so nvidia-smi's GPU is not torch's: cluster=local, and the line says so and how to get the CUDA
+    builds."""
+    proc = train_script(gpu_listed, "--cfg", "job")  # hydra prints the job and stops
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (
+        "[cluster] cluster=local: CPU only (0 GPU(s), seen by torch); to choose, add cluster=local|gpu|gpu_node|"
+        "multinode_gpu [nvidia-smi lists 1 GPU(s); this venv holds the CPU builds of torch and vLLM: "
+        "TRACERL_DEVICE=gpu bash scripts/setup.sh installs the CUDA ones]"
+    ) in proc.stderr
+
+
+def test_the_train_script_stops_when_vllms_cuda_build_would_get_no_gpu(gpu_listed, tmp_path):
+    """GPU review F1 and F2, through scripts/train.py: the venv a device switch used to leave, CPU
+    torch under vLLM's CUDA build (here its installed-package record, on PYTHONPATH), on a machine
+    whose nvidia-smi lists a GPU. The script exits 2 before Ray starts, saying why, instead of
+    running CPU engines that vLLM's CUDA build would fail."""
+    record = tmp_path / "site" / "vllm-0.32.0.dist-info"
+    record.mkdir(parents=True)
+    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0\n")
+    env = {**gpu_listed, "PYTHONPATH": str(record.parent)}
+    proc = train_script(env, "--cfg", "job")  # the pick stops it before hydra even composes
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert (
+        "config error: nvidia-smi lists 1 GPU(s) but torch sees none: this venv mixes torch's CPU build "
+        "(2.13.0+cpu) with vLLM's CUDA build"
+    ) in proc.stderr
+    assert "[cluster]" not in proc.stderr and "Started a local Ray instance" not in proc.stderr + proc.stdout
+    named = train_script(env, "cluster=local")  # named: the config check refuses it, before Ray starts
+    assert named.returncode == 2 and "config error: nvidia-smi lists 1 GPU(s) but torch sees none" in named.stderr

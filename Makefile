@@ -1,6 +1,6 @@
 # tracerl: every target installs into .venv first (scripts/setup.sh is a no-op when up to date).
 #   make train   # the main training job on the embedded default (CPU, in-process Ray)
-#   make test       # the whole test suite: every tier (unit, integration, e2e; see pyproject.toml)
+#   make test       # the whole test suite: every tier (unit, integration, e2e; see pyproject.toml), on vLLM's CPU build
 #   make test-fast  # unit + integration: only the session's shared engines, nothing started per test
 #   make lint       # ruff (lint + format check) and the import layers (import-linter); CI runs it after make test
 VENV ?= .venv
@@ -13,12 +13,17 @@ export WANDB_MODE ?= offline
 setup:
 	@bash scripts/setup.sh
 
-test: setup
-	$(PY) -m pytest tests -q --durations=40 $(PYTEST_ARGS)
+# The suite runs on vLLM's CPU build on every machine (docs/clusters.md, "Tests on a GPU machine"): in
+# $(VENV) on a CPU one; on a GPU one, whose $(VENV) holds the CUDA build, in a CPU install beside it,
+# $(VENV)-cpu. `setup.sh --tests` installs the right one and prints its python.
+TEST_PY = $$(VENV=$(VENV) bash scripts/setup.sh --tests)
+
+test:
+	@py=$(TEST_PY) && set -x && $$py -m pytest tests -q --durations=40 $(PYTEST_ARGS)
 
 # Everything but the e2e tier (whole training / generation runs, job scripts, fault runs).
-test-fast: setup
-	$(PY) -m pytest tests -q -m "unit or integration" $(PYTEST_ARGS)
+test-fast:
+	@py=$(TEST_PY) && set -x && $$py -m pytest tests -q -m "unit or integration" $(PYTEST_ARGS)
 
 # ruff's rules and format, and the layers trainer > rollout > harnesses (pyproject.toml: [tool.ruff], [tool.importlinter]).
 lint: setup
@@ -48,4 +53,4 @@ gpu-check:
 	bash scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VENV)-cpu .pytest_cache

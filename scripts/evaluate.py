@@ -71,7 +71,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def plan(args: argparse.Namespace) -> tuple[TrainJobConfig, dict[str, tuple[TrainJobConfig, dict[str, Weights]]]]:
     """The composed config, and per label (model, baseline) its config with those weights, all
     validated: every error here comes before Ray starts."""
-    extra, line = pick_cluster(args.overrides, visible_gpus(None))
+    extra, line = pick_cluster(args.overrides, visible_gpus(None), lambda overrides: compose("train", overrides))
     if line:
         print(line, flush=True)
     cfg = compose("train", extra + args.overrides)

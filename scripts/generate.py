@@ -27,6 +27,7 @@ from rollout.orchestration.fleet import RolloutFleet
 from rollout.orchestration.placement import with_cluster_for_this_machine
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
+from trainer.config import compose
 
 register_configs()
 
@@ -73,5 +74,6 @@ def main(dcfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     setup_logging()  # tracerl's lines on stderr, one format (TRACERL_LOG_LEVEL)
-    sys.argv = with_cluster_for_this_machine(sys.argv)  # no cluster= given: the preset for this machine's GPUs
+    # no cluster= given: the preset for this machine's GPUs that the composed job fits
+    sys.argv = with_cluster_for_this_machine(sys.argv, lambda overrides: compose("generate", overrides))
     main()

@@ -205,6 +205,7 @@ def validate(cfg: TrainJobConfig) -> None:
                 f"policy {policy!r} > 0 (cluster=gpu_node); or sync.transport=auto",
             ),
             (cfg.sync.bucket_mb >= 1, "sync.bucket_mb must be >= 1"),
+            (cfg.sync.snapshot_every >= 1, "sync.snapshot_every must be >= 1 (1: a snapshot every push)"),
             (lr.lr > 0, f"{where}.lr must be > 0"),
             (0 <= lr.zero_stage <= 3, f"{where}.zero_stage must be 0, 1, 2 or 3"),
             (lr.world_size >= 1, f"{where}.world_size must be >= 1"),

@@ -122,7 +122,13 @@ class TrainedPolicy:
         )
         if method == SyncMethod.collective:
             try:
-                return CollectiveSync(self.learners, fleet.engines[self.name], self.cfg.sync.transport, **args)
+                return CollectiveSync(
+                    self.learners,
+                    fleet.engines[self.name],
+                    self.cfg.sync.transport,
+                    snapshot_every=self.cfg.sync.snapshot_every,
+                    **args,
+                )
             except (ray.exceptions.RayError, RuntimeError, TimeoutError) as e:
                 if self.cfg.sync.method == SyncMethod.collective:
                     raise RuntimeError(

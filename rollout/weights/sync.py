@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import ray
 
-from rollout.weights.transport import OPEN_TIMEOUT_S, GroupPlan, Layout, choose_transport, dtype_of
+from rollout.weights.transport import OPEN_TIMEOUT_S, GroupPlan, Layout, choose_transports, dtype_of
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,10 @@ class SyncConfig:
     # gloo on CPU), or one of ipc / nccl / gloo (an error at start where it cannot work)
     transport: Transport = Transport.auto
     bucket_mb: int = 64  # weights per broadcast bucket / per safetensors blob, MiB
+    # collective: every this many pushes rank 0 also exports the weights to the object store, which an
+    # engine that restarts loads (1: every push; k: an engine restarting between snapshots serves an
+    # older version, tagged as such, until the next push reaches it; spares k-1 of k full-weight exports)
+    snapshot_every: int = 1
 
 
 class WeightSync(Protocol):
@@ -147,11 +151,16 @@ class CollectiveSync:
         bucket_bytes: int = 64 << 20,
         timeout_s: float = 600.0,
         store=None,
+        snapshot_every: int = 1,
     ):
         """`transport`: `sync.transport` (auto: from the devices); `store`: the policy's WeightStore,
-        given a snapshot of every pushed version in the object store (what a restarted engine loads)."""
+        given a snapshot of every `snapshot_every`-th pushed version in the object store (what a
+        restarted engine loads; the object-store fallback puts each version it carries there too)."""
+        if snapshot_every < 1:
+            raise ValueError(f"sync.snapshot_every={snapshot_every}: expected 1 (every push) or more")
         self.learners, self.engines, self.transport = learners, list(engines), transport
         self.store, self.timeout_s, self.bucket_bytes = store, timeout_s, bucket_bytes
+        self.snapshot_every, self.pushed = snapshot_every, 0  # collective pushes carried so far
         self.fallback = ObjectStoreSync(learners, engines, bucket_bytes, timeout_s, store)
         self.layout: Layout = learners.weight_layout(bucket_bytes)
         self.bytes = float(sum(_nbytes(shape, dtype) for bucket in self.layout for _, shape, dtype in bucket))
@@ -170,7 +179,7 @@ class CollectiveSync:
         learner rank 0 (hosting its store) and every engine worker join at once."""
         sender = self.learners.weight_identity()
         workers = ray.get([e.weight_identities.remote() for e in self.engines], timeout=self.timeout_s)
-        transports = [choose_transport(sender, w, self.transport) for ws in workers for w in ws]
+        transports = choose_transports(sender, workers, self.transport)
         host, port = self.learners.weight_address()
         plan = self.learners.prepare_weight_group(GroupPlan(host, port, transports), self.layout, self.timeout_s)
         firsts = [1 + sum(map(len, workers[:i])) for i in range(len(workers))]
@@ -224,9 +233,11 @@ class CollectiveSync:
             results, sent = ray.get(loads), ray.get(sends)
         except (ray.exceptions.RayError, RuntimeError, TimeoutError) as e:
             return self._around_the_group(version, e)
-        self.failures = 0
+        self.failures, self.pushed = 0, self.pushed + 1
         seconds = time.perf_counter() - t0
-        if self.store is not None:  # what an engine that restarts from now on loads (rank 0 exports it next)
+        if self.store is not None and self.pushed % self.snapshot_every == 0:
+            # what an engine that restarts from now on loads (rank 0 exports it next, while the engines
+            # already serve this version): a full copy of the weights, so not necessarily every push
             self.snapshot = self.learners.export_weights(self.bucket_bytes)
             ray.get(self.store.publish.remote(version, [self.snapshot]), timeout=60)
         return {

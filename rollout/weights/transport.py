@@ -72,6 +72,33 @@ def choose_transport(sender: str, receiver: str, prefer: str = "auto") -> str:
     return prefer
 
 
+def choose_transports(sender: str, workers: list[list[str]], prefer: str = "auto") -> list[str]:
+    """Every engine worker's transport (`workers`: each engine's workers' `device_identity`s, in
+    member order): `choose_transport` for each, then for the one process group they share. NCCL
+    refuses two ranks of one communicator on one GPU ("Duplicate GPU detected", every push failing):
+    when two nccl members hold the same GPU (fractional engines on a GPU without the learner), the
+    group runs on gloo instead (`auto`), or the choice is refused naming them (`nccl`). One group has
+    one backend: where a member takes gloo, the nccl members take it too (GroupPlan.backend)."""
+    flat = [w for ws in workers for w in ws]
+    transports = [choose_transport(sender, w, prefer) for w in flat]
+    on_gpu: dict[str, int] = {}
+    for i, (t, w) in enumerate(zip(transports, flat)):
+        if t != "nccl":
+            continue
+        if w in on_gpu:
+            if prefer == "nccl":
+                raise ValueError(
+                    f"sync.transport=nccl: engine workers {on_gpu[w]} and {i} are both on {w}, and NCCL "
+                    f"refuses two ranks on one GPU; give each engine a whole GPU (engine.num_gpus=1) "
+                    f"or set sync.transport=auto (gloo for such a group)"
+                )
+            return ["gloo" if t == "nccl" else t for t in transports]
+        on_gpu[w] = i
+    if "gloo" in transports:
+        return ["gloo" if t == "nccl" else t for t in transports]
+    return transports
+
+
 def offsets(bucket) -> tuple[list[int], int]:
     """Byte offsets of a bucket's tensors in a staging buffer, and the bytes it needs."""
     starts, end = [], 0

@@ -1,9 +1,11 @@
 """The weight transport each engine worker gets, chosen from device identities; the group plan."""
 
+import socket
+
 import pytest
 import torch
 
-from rollout.weights.transport import ALIGN, GroupPlan, choose_transport, device_identity, offsets
+from rollout.weights.transport import ALIGN, GroupPlan, choose_transport, choose_transports, device_identity, offsets
 
 pytestmark = pytest.mark.unit
 
@@ -69,3 +71,91 @@ def test_bucket_offsets_are_aligned_and_do_not_overlap():
     big = [("w", [1000, 3], "float32"), ("v", [2], "float32")]
     starts, size = offsets(big)
     assert starts[1] >= 12000 and starts[1] % ALIGN == 0 and size >= starts[1] + 8
+
+
+GPU2 = "cuda:GPU-3c5e90aa-0002"
+
+
+def test_two_nccl_members_on_one_gpu_make_a_gloo_group_or_are_refused_naming_them():
+    """GPU review F9: transports were chosen per worker against rank 0 only, so two engines sharing
+    a GPU that is not the learner's both took nccl, and NCCL fails every broadcast of such a group
+    ("Duplicate GPU detected"). Now `auto` runs that group on gloo, and `nccl` is refused at start."""
+    assert choose_transports(GPU0, [[GPU1], [GPU2]]) == ["nccl", "nccl"]  # a whole GPU each: NCCL
+    assert choose_transports(GPU0, [[GPU1], [GPU1]]) == ["gloo", "gloo"]
+    assert choose_transports(GPU0, [[GPU0], [GPU1], [GPU1]]) == ["ipc", "gloo", "gloo"]  # ipc stays out of it
+    assert choose_transports(GPU0, [[GPU1, GPU2]]) == ["nccl", "nccl"]  # one engine's TP workers
+    with pytest.raises(ValueError, match="sync.transport=nccl") as e:
+        choose_transports(GPU0, [[GPU1], [GPU2, GPU1]], "nccl")
+    assert "workers 0 and 2 are both on " + GPU1 in str(e.value) and "engine.num_gpus=1" in str(e.value)
+
+
+def test_one_group_has_one_backend_so_a_gloo_member_takes_the_nccl_members_along():
+    """A CPU engine beside GPU engines: the group is gloo (GroupPlan.backend), and the transports
+    logged for every member say so."""
+    assert choose_transports(GPU0, [[GPU1], [HOST_A]]) == ["gloo", "gloo"]
+    assert choose_transports(HOST_A, [[HOST_A], [HOST_A]], "ipc") == ["ipc", "ipc"]
+
+
+def pattern(layout, version: int) -> list[list[torch.Tensor]]:
+    """Each bucket's tensors in `version`: other bytes in every version and tensor."""
+    out = []
+    for k, bucket in enumerate(layout):
+        out.append([])
+        for j, (_, shape, dtype) in enumerate(bucket):
+            g = torch.Generator().manual_seed(1000 * version + 10 * k + j)
+            out[-1].append(torch.randn(shape, generator=g).to(getattr(torch, dtype)))
+    return out
+
+
+@pytest.mark.parametrize("transport", ["ipc", "gloo"])
+def test_two_receivers_keep_every_tensor_of_every_version_and_each_holds_its_own_bytes(transport):
+    """Rank 0 and two members of a real WeightGroup (threads of this process; ipc over POSIX shared
+    memory, the protocol CUDA IPC runs): three pushes with new bytes each, four buckets (so both
+    staging buffers are reused within a push), and the members keep every tensor they were given
+    (as vLLM's layerwise reload may) until all pushes are done: nothing a member holds is
+    overwritten by a later bucket or version (GPU review §5.2)."""
+    import threading
+
+    from rollout.weights.group import WeightGroup
+    from rollout.weights.transport import staging_for
+
+    layout = [[(f"w{k}.{j}", [64, 8 + j], ("float32", "bfloat16")[j % 2]) for j in range(3)] for k in range(4)]
+    versions = [1, 2, 3]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plan, buffers = staging_for(GroupPlan("127.0.0.1", port, [transport] * 2), layout, "cpu")
+    wrong, errors = {}, []
+
+    def sender():
+        group = WeightGroup(plan, 0, "cpu", 30, buffers)
+        for v in versions:
+            group.send(v, layout, iter(pattern(layout, v)))
+        group.close()
+
+    def receiver(m):
+        group = WeightGroup(plan, m, "cpu", 30)
+        kept = [(v, list(group.receive(v, layout))) for v in versions]
+        # every tensor of every version, compared once the last push is over (before the group closes)
+        wrong[m] = [
+            (v, name)
+            for v, got in kept
+            for (name, t), e in zip(got, (t for ts in pattern(layout, v) for t in ts), strict=True)
+            if not torch.equal(t, e)
+        ] + [(v, "count") for v, got in kept if len(got) != sum(map(len, layout))]
+        group.close()
+
+    def guarded(fn, *args):
+        try:
+            fn(*args)
+        except Exception as e:  # reported by the test thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(sender,))]
+    threads += [threading.Thread(target=guarded, args=(receiver, m)) for m in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    assert wrong == {1: [], 2: []}

@@ -37,6 +37,10 @@ def start_ray(cfg: RayConfig, cpus_asked: float = 0.0, asks: list[Ask] = ()) -> 
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    # Each worker in a process group of its own, killed with it even when it crashes: an engine
+    # actor's vLLM engine core goes with it, never left holding its GPU (GPU review F16; Ray 2.60's
+    # default, named here because the engines rely on it; a cluster joined by address has its own)
+    os.environ.setdefault("RAY_process_group_cleanup_enabled", "1")
     kwargs = {"include_dashboard": False, "log_to_driver": True}
     if cfg.address == "local":
         kwargs.update(num_cpus=local_cpus(cfg, cpus_asked), num_gpus=visible_gpus(cfg.num_gpus))

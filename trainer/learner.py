@@ -28,7 +28,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -82,6 +82,50 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+# Allocator settings under which another process cannot open a CUDA block by IPC handle (GPU review
+# F15): expandable segments share through CUDA VMM and pidfd_getfd, which containers often refuse
+# ("kernel does not support pidfd_open"); cudaMallocAsync memory cannot be shared at all.
+IPC_BREAKING_ALLOC = {"expandable_segments": "true", "backend": "cudamallocasync"}
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch reads the first one set
+
+
+def ipc_safe_alloc_conf(conf: str) -> tuple[str, list[str]]:
+    """An allocator setting string (PYTORCH_CUDA_ALLOC_CONF) without the options that break CUDA IPC,
+    every other option kept as written; and the options it left out."""
+    kept, dropped = [], []
+    for option in filter(None, (o.strip() for o in conf.split(","))):
+        key, _, value = option.partition(":")
+        (dropped if IPC_BREAKING_ALLOC.get(key.strip()) == value.strip().lower() else kept).append(option)
+    return ",".join(kept), dropped
+
+
+def learner_env(cfg: LearnerConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment variables a learner rank starts with beyond the driver's `environ` (its Ray
+    runtime_env; read when torch and NCCL load, so they cannot be set later in the rank). On a GPU:
+    NCCL_NVLS_ENABLE=0 unless set (GPU review F8: NVIDIA/nccl#1906, NVLS all-gather/reduce-scatter
+    chunks out of order when the ranks' order is not the GPUs', as under Ray's masks: ZeRO's
+    collectives on an NVSwitch box, until verified). On a share of a GPU, where the engines open rank
+    0's staging buffers by CUDA IPC handle, the allocator settings that break IPC are left out (F15)."""
+    env: dict[str, str] = {}
+    if cfg.num_gpus <= 0:
+        return env
+    if "NCCL_NVLS_ENABLE" not in environ:
+        env["NCCL_NVLS_ENABLE"] = "0"
+    if cfg.num_gpus < 1:
+        for var in ALLOC_CONF_VARS:
+            kept, dropped = ipc_safe_alloc_conf(environ.get(var, ""))
+            if dropped:
+                env[var] = kept
+    return env
+
+
+def gpu_memory_share(cfg: LearnerConfig) -> float | None:
+    """The fraction of its GPU's memory a rank may allocate: its `learner.num_gpus` when it shares the
+    GPU (None: a whole GPU, or CPU). Enforced, a rank past it fails with CUDA OOM itself, instead of
+    the engines beside it failing mid-generation (GPU review F10)."""
+    return cfg.num_gpus if 0 < cfg.num_gpus < 1 else None
 
 
 def quiet_start(on_gpu: bool) -> None:
@@ -180,6 +224,9 @@ class Learner:
         if cfg.torch_threads > 0:
             torch.set_num_threads(cfg.torch_threads)
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        share = gpu_memory_share(cfg)
+        if share is not None and self.device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(share, self.device)
         dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         if self.adapters:
@@ -434,7 +481,7 @@ class Learner:
                     yield [p.detach() for p in ps]
 
         if self.rank == 0:
-            self.weight_group.send(version, layout, buckets())
+            self.weight_group.send(version, layout, buckets(), transient=self.cfg.zero_stage == 3)
         else:
             for _ in buckets():  # the gathers of ZeRO-3 need every rank
                 pass

@@ -11,14 +11,19 @@ is that policy's handle (the same calls, on its adapter only).
 
 from __future__ import annotations
 
+import logging
+import os
+
 import ray
 
 from rollout.orchestration.cluster import await_started
 from rollout.orchestration.placement import actor_options
 from rollout.weights.transport import Layout
-from trainer.learner import Learner, LearnerConfig
+from trainer.learner import ALLOC_CONF_VARS, Learner, LearnerConfig, learner_env
 from trainer.losses import LossConfig
 from trainer.packing import MicroBatch, shard
+
+log = logging.getLogger(__name__)
 
 # per-rank metrics that add up over ranks (sums over each rank's tokens)
 SUMMED = ("tokens", "padded_tokens", "loss", "clip_frac", "ratio", "mismatch_kl", "kl_ref", "logp", "entropy")
@@ -52,7 +57,7 @@ class LearnerGroup:
         self.cfg, self.pad_id, self.name, self.adapters = cfg, pad_id, name, dict(adapters or {})
         self._resources = actor_options(cfg)  # the same options the config checks and the placement tests read
         self._setup_timeout_s = setup_timeout_s
-        cls = ray.remote(**self._resources)(Learner)
+        cls = ray.remote(**self._resources, **self._runtime_env())(Learner)
         self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed, self.adapters) for r in range(cfg.world_size)]
         # every rank enters DeepSpeed's rendezvous at once, at rank 0's address: Ray hands each
         # setup call that address when rank 0 has answered, so nothing here waits for it
@@ -61,6 +66,18 @@ class LearnerGroup:
         self.node_ids: list[str] = []  # where each rank runs (once ready)
         if wait:
             self.ready()
+
+    def _runtime_env(self) -> dict:
+        """The ranks' environment beyond the driver's (trainer/learner.py::learner_env; none on CPU)."""
+        env = learner_env(self.cfg, os.environ)
+        for var in ALLOC_CONF_VARS:
+            if var in env:
+                log.warning(
+                    f"[learner] the ranks of {self.name!r} start with {var}={env[var]!r}, not "
+                    f"{os.environ[var]!r}: on a shared GPU the engines open rank 0's weight buffers by "
+                    f"CUDA IPC handle, which expandable segments and cudaMallocAsync break"
+                )
+        return {"runtime_env": {"env_vars": env}} if env else {}
 
     def ready(self) -> LearnerGroup:
         """Wait until every rank has started and set up DeepSpeed (at most `setup_timeout_s`); a

@@ -53,11 +53,19 @@ class WeightGroup:
 
     def close(self) -> None:
         release(self.buffers, owner=self.member == 0)
+        if self.group is not None and self.plan.backend == "nccl":
+            # Dropped, a NCCL group shuts its communicator down in its destructor, waiting for the
+            # peers (torch warns since 2.4): a peer that died (the engine restarting is why the group
+            # reopens) can block it. abort() ends the communicator at once.
+            self.group.abort()
         self.group = None
 
     # ------------------------------------------------------------------ rank 0
-    def send(self, version: int, layout: Layout, buckets: Iterable[list]) -> None:
-        """Push `buckets` (each `layout` bucket's tensors, in order) as `version` to every member."""
+    def send(self, version: int, layout: Layout, buckets: Iterable[list], transient: bool = False) -> None:
+        """Push `buckets` (each `layout` bucket's tensors, in order) as `version` to every member.
+        `transient`: each bucket's tensors are freed when the next is asked for (ZeRO-3's gathered
+        parameters), so the device is synchronised after each bucket's broadcasts: work.wait() orders
+        only the current stream, and a gather on a side stream could reuse the memory sooner."""
         n = 0
         for k, (bucket, tensors) in enumerate(zip(layout, buckets)):
             if self.ipc_members:
@@ -67,6 +75,8 @@ class WeightGroup:
                 self.signals.set(f"{version}/{k}", "")
             if self.group is not None:
                 _wait(_broadcast(self.group, tensors))
+                if transient:
+                    _synchronize(self.device)
             n = k + 1
         for k in range(max(0, n - 2), n):
             self._await_acks(version, k)

@@ -5,13 +5,17 @@
 # skipped or fails; the summary is rewritten after every stage and ends with a verdict block.
 #
 #   bash scripts/gpu_check.sh                                      # every stage
-#   STAGES=env,transport DEVICE=cpu bash scripts/gpu_check.sh      # the CPU (gloo) form, as CI runs it
+#   STAGES=env,transport,ipc DEVICE=cpu bash scripts/gpu_check.sh  # the CPU form, as CI runs it
 #   STAGES=smoke bash scripts/gpu_check.sh                         # a second run on a kept machine
 #
 # Stages, always in this order (STAGES picks some, comma- or space-separated; default all):
 #   env        nvidia-smi, driver, python, torch (CUDA, devices), gcc, package registry reachable?
 #   transport  scripts/gpu_check_transport.py: torch and rollout/weights/transport.py only, so it runs
 #              on a box that has nothing but torch; writes $OUT/transport.json
+#   ipc        scripts/gpu_check_ipc.py: the same-GPU (CUDA IPC) path as production uses it (the plan
+#              relayed, members that keep tensors, two members, reopen, a member's death, vLLM-like
+#              neighbours, memory fit, allocator settings, big layouts, two NCCL ranks on one GPU),
+#              torch only; writes $OUT/ipc.json
 #   stack      scripts/gpu_check_stack.py (needs vllm, ray, deepspeed: make setup): one engine, one
 #              learner rank, a push through the policy's weight sync, engine/learner log-prob parity
 #   smoke      scripts/train.py experiment=smoke, 3 steps (cluster=gpu on a GPU: one GPU shared)
@@ -20,9 +24,9 @@
 # Exit status: 0 unless a stage failed or ran out of time; 2 for an unknown stage.
 set -uo pipefail
 
-ALL_STAGES=(env transport stack smoke)
-declare -A MAX_S=([env]=90 [transport]=150 [stack]=300 [smoke]=360)  # a stage's own deadline
-declare -A MIN_S=([env]=10 [transport]=10 [stack]=60 [smoke]=60)  # less budget left than this: skipped
+ALL_STAGES=(env transport ipc stack smoke)
+declare -A MAX_S=([env]=90 [transport]=150 [ipc]=300 [stack]=300 [smoke]=360)  # a stage's own deadline
+declare -A MIN_S=([env]=10 [transport]=10 [ipc]=30 [stack]=60 [smoke]=60)  # less budget left than this: skipped
 LOG_CAP=200000  # bytes of a stage's log kept (its head and its tail)
 
 # ---------------------------------------------------------------- the stages (each in its own group)
@@ -57,6 +61,10 @@ PY
 
 stage_transport() {
     "$PY" scripts/gpu_check_transport.py --device "$DEVICE" --out "$OUT"
+}
+
+stage_ipc() {
+    "$PY" scripts/gpu_check_ipc.py --device "$DEVICE" --out "$OUT"
 }
 
 NO_STACK=99  # a stage's exit status when the interpreter lacks vllm, ray or deepspeed: skipped
@@ -117,7 +125,7 @@ PY=${PY:-python3}
 RUN_ID="$$-$(date +%s%N)"
 export ROOT OUT PY PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=offline \
     TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=1
-rm -rf "$OUT/stages" "$OUT/summary.json" "$OUT"/{env,transport,stack,smoke}.{json,log}
+rm -rf "$OUT/stages" "$OUT/summary.json" "$OUT"/{env,transport,ipc,stack,smoke}.{json,log}
 mkdir -p "$OUT/stages"
 
 wanted() { [[ " ${WANTED[*]} " == *" all "* || " ${WANTED[*]} " == *" $1 "* ]]; }
@@ -180,7 +188,7 @@ def load(path):
         return None
 
 stages = {}
-for name in ("env", "transport", "stack", "smoke"):
+for name in ("env", "transport", "ipc", "stack", "smoke"):
     rec = load(f"{out}/stages/{name}.json") or {"status": "pending", "seconds": 0, "reason": "not reached"}
     rec["details"] = load(f"{out}/{name}.json") or {}
     if rec["status"] in ("failed", "timeout"):
@@ -189,9 +197,10 @@ for name in ("env", "transport", "stack", "smoke"):
     stages[name] = rec
 status = {name: rec["status"] for name, rec in stages.items()}
 bad = [name for name, s in status.items() if s in ("failed", "timeout", "pending")]
-env, stack, smoke = (stages[n]["details"] for n in ("env", "stack", "smoke"))
+env, ipc, stack, smoke = (stages[n]["details"] for n in ("env", "ipc", "stack", "smoke"))
 verdict = {"ok": not bad and "ok" in status.values(), "device": device, "stages": status, "not_ok": bad,
            "gpus": len(env.get("gpus", [])), "driver": env.get("driver"), "torch": env.get("torch", {}).get("version"),
+           "ipc_cases": ipc.get("summary", {}).get("cases"),
            "stack_sync": stack.get("sync"), "stack_fallbacks": stack.get("fallbacks"),
            "stack_max_abs_dlogp": stack.get("parity_after_push_max_abs"),
            "smoke_metrics_rows": smoke.get("metrics_rows")}

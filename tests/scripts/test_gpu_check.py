@@ -1,7 +1,8 @@
 """scripts/gpu_check.sh, the GPU readiness check, run here in its CPU form.
 
-The env and transport stages run for real on this machine (the transport in its gloo form, with
-torch and rollout/weights/transport.py only). The script's own machinery — a stage that fails, one
+The env, transport and ipc stages run for real on this machine (the transport in its gloo form, with
+torch and rollout/weights/transport.py only; scripts/gpu_check_ipc.py's cases over POSIX shared
+memory, its GPU-only cases skipped). The script's own machinery — a stage that fails, one
 that overruns its deadline (and a process of it that left its process group), one skipped for
 lack of budget, an unknown stage name — is driven through PYTHON= pointing at a small shell
 script standing in for the interpreter, so those cases are exact and cost seconds.
@@ -41,10 +42,18 @@ def stand_in_python(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
+CPU_CASES = ("env", "hop", "retain", "members2", "reopen", "death", "vllm-like", "big")
+
+
 @pytest.mark.e2e
-def test_env_and_transport_stages_on_cpu(tmp_path):
+def test_env_transport_and_ipc_stages_on_cpu(tmp_path):
+    """The ipc stage is scripts/gpu_check_ipc.py (GPU review §6.2): every case that applies on CPU
+    holds over shared memory (the plan relayed through a process that never starts CUDA, members
+    that keep every tensor, two members, three group generations leaving no shared memory behind,
+    a member killed mid-push failing the sender's push at its timeout and the next generation
+    exact, vLLM-like neighbours, small and large buckets); the GPU-only ones say why they skipped."""
     out = tmp_path / "out"
-    run = gpu_check(out, STAGES="env,transport", PYTHON=sys.executable)
+    run = gpu_check(out, STAGES="env,transport,ipc", PYTHON=sys.executable)
     s = summary(out)
     stages = s["stages"]
     assert stages["env"]["status"] == "ok", stages["env"]
@@ -55,15 +64,65 @@ def test_env_and_transport_stages_on_cpu(tmp_path):
     transport = stages["transport"]["details"]  # $OUT/transport.json, written by the transport script
     assert transport == json.loads((out / "transport.json").read_text())
     assert "gloo" in json.dumps(transport), "on CPU the transport checks run in their gloo form"
+    assert stages["ipc"]["status"] == "ok", (stages["ipc"], (out / "ipc.log").read_text()[-3000:])
+    ipc = stages["ipc"]["details"]  # $OUT/ipc.json
+    assert ipc["summary"]["cases"] == {c: "ok" if c in CPU_CASES else "skipped" for c in ipc["summary"]["cases"]}
+    assert set(CPU_CASES) <= set(ipc["cases"]) and s["verdict"]["ipc_cases"] == ipc["summary"]["cases"]
+    cases = ipc["cases"]
+    assert cases["hop"]["relay"] == {"plans": 1, "cuda_initialized": False}
+    assert [p["version"] for p in cases["retain"]["m1"]["pushes"]] == [1, 2, 3]
+    assert "did not take bucket" in cases["death"]["sender_error"] and cases["death"]["m2"]["exact"]
+    assert cases["reopen"]["blocks_left"] == []
+    assert cases["fit"] == {
+        "case": "fit",
+        "status": "skipped",
+        "reason": "needs a GPU (CUDA memory, NCCL or its allocator)",
+    }
     for name in ("stack", "smoke"):
         assert stages[name] == {
             "status": "skipped",
             "seconds": 0,
-            "reason": "not in STAGES=env,transport",
+            "reason": "not in STAGES=env,transport,ipc",
             "details": {},
         }
     assert s["verdict"]["ok"] and s["verdict"]["device"] == "cpu" and s["verdict"]["not_ok"] == []
     assert run.returncode == 0
+
+
+@pytest.mark.unit
+def test_an_ipc_case_past_its_deadline_is_ended_and_recorded_and_the_others_still_run():
+    """A member killed mid-push leaves the sender waiting for its timeout (5 s on CPU): with a 3 s
+    deadline the death case is ended there (its processes killed), recorded as a timeout naming
+    what did not report, and the next case still runs; one JSON line per case, then the verdict."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check_ipc.py"), "--device", "cpu"]
+        + ["--cases", "death,fit", "--deadline-s", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [line.get("case") for line in lines] == ["death", "fit", None], run.stderr[-2000:]
+    death, fit, verdict = lines
+    assert death["status"] == "timeout" and death["error"] == "no result within 3 s from ['m2', 'sender']"
+    assert fit["status"] == "skipped"
+    assert verdict["cases"] == {"death": "timeout", "fit": "skipped"} and verdict["ok"] is False
+    assert run.returncode == 1
+
+
+@pytest.mark.unit
+def test_an_unknown_ipc_case_is_refused_naming_the_cases():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check_ipc.py"), "--device", "cpu", "--cases", "hop,bogus"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert run.returncode == 2 and "unknown case(s) ['bogus']" in run.stderr and "expandable" in run.stderr
 
 
 @pytest.mark.unit
@@ -79,7 +138,7 @@ def test_a_failing_stage_is_recorded_with_its_log_and_no_stack_skips_the_stack(t
     assert "no torch here" in stages["transport"]["log_tail"]
     assert stages["stack"]["status"] == "skipped"
     assert stages["stack"]["reason"].startswith(f"{python} cannot import vllm, ray, deepspeed")
-    assert {stages[n]["status"] for n in ("env", "smoke")} == {"skipped"}
+    assert {stages[n]["status"] for n in ("env", "ipc", "smoke")} == {"skipped"}
     assert summary(out)["verdict"]["not_ok"] == ["transport"] and run.returncode == 1
 
 
@@ -107,5 +166,5 @@ def test_an_unknown_stage_fails_naming_it_before_anything_runs(tmp_path):
     out = tmp_path / "out"
     run = gpu_check(out, STAGES="env,bogus", PYTHON=sys.executable)
     assert run.returncode == 2
-    assert "unknown stage 'bogus'" in run.stderr and "env transport stack smoke" in run.stderr
+    assert "unknown stage 'bogus'" in run.stderr and "env transport ipc stack smoke" in run.stderr
     assert not (out / "summary.json").exists()

@@ -5,8 +5,8 @@ Each preset composes and validates, holds out stories no training draw repeats, 
 arm B (relay_team_shared) exactly what its arm is about; the single agent gets the team's whole
 token budget. The gate's criteria, the seed count and the pre-registered analysis (paired t,
 two-level bootstrap, Holm, exact sign test) are checked on numbers made up here; the pilot's
-code path runs end to end on the tiny model (e2e); its real evaluations are in
-docs/results/relay_pilot/.
+code path runs end to end on the tiny model in tests/scripts/test_relay_quick.py; its real
+evaluations are in docs/results/relay_pilot/.
 """
 
 from __future__ import annotations
@@ -237,36 +237,6 @@ def test_the_sign_test_counts_items_that_moved():
     before = [rec(i, float(i < 10)) for i in range(40)]
     after = [rec(i, float(i < 30) if i >= 5 else 0.0) for i in range(40)]  # 5 worse, 20 better
     assert sign_test(before, after) == {"better": 20, "worse": 5, "p": pytest.approx(0.00408, abs=1e-5)}
-
-
-@pytest.mark.e2e
-def test_the_quick_pilot_writes_each_conditions_items_and_a_gate_that_reads_them(tmp_path):
-    """scripts/relay.py --quick: the three untrained evaluations on the tiny model (8 items each)
-    as the pilot ran them; a second call reuses them."""
-    import json
-    import subprocess
-    import sys
-
-    from scripts.relay import ROOT, read_items
-
-    cmd = [sys.executable, "scripts/relay.py", "--operations", "1", "--quick", "--out", str(tmp_path / "out")]
-    cmd += ["--work", str(tmp_path / "work")]
-    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    pilot = json.loads((tmp_path / "out" / "pilot.json").read_text())
-    items = {name: read_items(tmp_path / "out" / f"{name}.items.jsonl.gz") for name in CONDITIONS}
-    assert [r["id"] for r in items["team"]] == [f"story_sum/eval/{i}" for i in range(8)]
-    for name, recs in items.items():
-        assert [r["id"] for r in recs] == [r["id"] for r in items["team"]]
-        assert pilot["accuracy"][name] == round(sum(r["reward"] for r in recs) / 8, 4)
-        assert pilot["evaluations"][name]["overrides"][: len(CONDITIONS[name])] == CONDITIONS[name]
-    assert pilot["gate"] == gate(items["single"], items["team"])
-    assert "sampling.max_tokens=48" in pilot["evaluations"]["single"]["overrides"]  # 2 calls of 24
-    assert all(r["tokens"] <= 48 for r in items["single"]) and all(r["tokens"] <= 48 for r in items["team"])
-    assert all(set(r["tokens_by_role"]) <= {"reader"} for r in items["oracle"])
-    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0 and second.stdout.count("evaluated already") == 3
-    assert json.loads((tmp_path / "out" / "pilot.json").read_text()) == pilot
 
 
 @pytest.mark.unit

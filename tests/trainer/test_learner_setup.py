@@ -68,3 +68,23 @@ def test_a_rank_on_a_share_of_a_gpu_is_held_to_that_share_of_its_memory():
     assert gpu_memory_share(compose("train", ["experiment=smoke", "cluster=gpu"]).learner) == 0.4
     assert gpu_memory_share(compose("train", ["experiment=smoke", "cluster=gpu_node"]).learner) is None
     assert gpu_memory_share(compose("train", ["experiment=smoke", "cluster=local"]).learner) is None
+
+
+def test_the_learner_group_starts_its_ranks_with_that_environment(monkeypatch, caplog):
+    """The ranks' Ray options carry learner_env as their runtime_env (Ray sets those variables over
+    the driver's in the rank's process, before torch loads), and the driver warns what it left out."""
+    from types import SimpleNamespace
+
+    from trainer.config import compose
+    from trainer.learner_group import LearnerGroup
+
+    for var in ("NCCL_NVLS_ENABLE", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    shared = SimpleNamespace(cfg=compose("train", ["experiment=smoke", "cluster=gpu"]).learner, name="main")
+    assert LearnerGroup._runtime_env(shared) == {
+        "runtime_env": {"env_vars": {"NCCL_NVLS_ENABLE": "0", "PYTORCH_CUDA_ALLOC_CONF": ""}}
+    }
+    assert "start with PYTORCH_CUDA_ALLOC_CONF='', not 'expandable_segments:True'" in caplog.text
+    cpu = SimpleNamespace(cfg=compose("train", ["experiment=smoke", "cluster=local"]).learner, name="main")
+    assert LearnerGroup._runtime_env(cpu) == {}, "CPU ranks keep Ray's pooled workers"

@@ -235,7 +235,7 @@ def fit(spec: dict, inbox, outbox) -> None:
     try:
         block = torch.empty(int(spec["share"] * total), dtype=torch.uint8, device=dev)
         error = None
-    except torch.OutOfMemoryError as e:
+    except torch.cuda.OutOfMemoryError as e:
         block, error = None, str(e)[:300]
     spec["barrier"].wait(60)
     free1, _ = torch.cuda.mem_get_info(dev)

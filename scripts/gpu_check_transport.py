@@ -1,7 +1,8 @@
 """Stage 1 of scripts/gpu_check.sh: the weight transport alone, torch and rollout/weight_*.py only.
 
 Learner rank 0 and engine workers are stood in for by plain processes that open a real
-`WeightGroup` and push a model-sized set of tensors (seeded, so each receiver checks every byte):
+`WeightGroup` and push a model-sized set of tensors (other bytes in every push, so each receiver
+checks every byte of every version; scripts/gpu_check_ipc.py drives the ipc path further):
 
 - `ipc`: sender and receiver on one device (CUDA IPC on a GPU; POSIX shared memory on CPU);
 - `nccl`: sender on GPU 0, receiver on GPU 1 (skipped, with the reason, on fewer than two GPUs);
@@ -31,31 +32,12 @@ import torch
 from rollout.log import setup_logging
 from rollout.weights.group import WeightGroup
 from rollout.weights.transport import GroupPlan, choose_transport, device_identity, staging_for
-
-DTYPES = ("bfloat16", "float32")
-
-
-def layout_of(total_mb: int, bucket_mb: int) -> list:
-    """Buckets of (name, shape, dtype) adding up to about `total_mb`, like a model's: matrices and
-    vectors, bf16 and fp32 alternating."""
-    layout, bucket, size, total = [], [], 0, 0
-    while total < total_mb << 20:
-        i = sum(map(len, layout)) + len(bucket)
-        shape, dtype = ([512, 1024] if i % 3 else [1024]), DTYPES[i % 2]
-        bucket.append((f"layer{i}.weight", shape, dtype))
-        nbytes = torch.Size(shape).numel() * getattr(torch, dtype).itemsize
-        size, total = size + nbytes, total + nbytes
-        if size >= bucket_mb << 20:
-            layout.append(bucket)
-            bucket, size = [], 0
-    return layout + ([bucket] if bucket else [])
+from scripts.gpu_check_ipc_roles import bucket_data, layout_of, same_bytes
 
 
-def tensors_of(layout: list, device) -> list[list]:
-    g = torch.Generator(device="cpu").manual_seed(0)
-    return [
-        [torch.randn(shape, generator=g).to(getattr(torch, dtype)).to(device) for _, shape, dtype in b] for b in layout
-    ]
+def tensors_of(layout: list, device, version: int) -> list[list]:
+    """Every bucket's tensors in `version`, made on the device (other bytes in every version)."""
+    return [bucket_data(layout, k, version, device) for k in range(len(layout))]
 
 
 def sender(plan: GroupPlan, device: str, layout: list, pushes: int, plans: mp.Queue, results: mp.Queue) -> None:
@@ -66,9 +48,9 @@ def sender(plan: GroupPlan, device: str, layout: list, pushes: int, plans: mp.Qu
     for _ in plan.transports:
         plans.put(plan)
     group = WeightGroup(plan, 0, dev, timeout_s=120, buffers=buffers)
-    data = tensors_of(layout, dev)
     seconds = []
     for version in range(1, pushes + 1):
+        data = tensors_of(layout, dev, version)
         t0 = time.perf_counter()
         group.send(version, layout, iter(data))
         seconds.append(time.perf_counter() - t0)
@@ -82,13 +64,13 @@ def receiver(member: int, device: str, layout: list, pushes: int, plans: mp.Queu
         torch.cuda.set_device(dev)
     plan = plans.get(timeout=120)
     group = WeightGroup(plan, member, dev, timeout_s=120)
-    seconds, received = [], []
+    seconds, exact = [], True
     for version in range(1, pushes + 1):
         t0 = time.perf_counter()
         received = [t.clone() for _, t in group.receive(version, layout)]
         seconds.append(time.perf_counter() - t0)
-    expected = [t for b in tensors_of(layout, dev) for t in b]
-    exact = len(received) == len(expected) and all(torch.equal(a, b) for a, b in zip(received, expected))
+        expected = [t for b in tensors_of(layout, dev, version) for t in b]
+        exact = exact and len(received) == len(expected) and all(map(same_bytes, received, expected))
     results.put(
         {
             "role": f"receiver{member}",

@@ -54,7 +54,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """The background lane (tests/lane.py) starts the selected tests' long script runs now: the
     quick benches (tests/scripts/test_bench.py), then the baselines' quick arms
-    (tests/trainer/test_baselines_quick.py), then the relay's quick pilot (tests/scripts/test_relay_quick.py)."""
+    (tests/trainer/test_baselines_quick.py), then the relay's quick pilot (tests/scripts/test_relay_quick.py),
+    then the relay's quick main runs (tests/scripts/test_relay_runs_quick.py)."""
     modules = {item.module.__name__.rsplit(".", 1)[-1] for item in session.items}
     jobs = {}
     if "test_bench" in modules:
@@ -74,6 +75,10 @@ def pytest_collection_finish(session):
         from tests.scripts import test_relay_quick
 
         jobs |= test_relay_quick.lane_jobs()
+    if "test_relay_runs_quick" in modules:
+        from tests.scripts import test_relay_runs_quick
+
+        jobs |= test_relay_runs_quick.lane_jobs()
     if jobs:
         from tests import lane
 

@@ -10,7 +10,7 @@ Two ways to run it:
   stdin, talks to OPENAI_BASE_URL with OPENAI_API_KEY, prints its answer;
 - a function: `await agent(task, base_url, api_key)` (task.prompt is the question).
 
-Trained with tracerl (harnesses/openai_agent.py):
+Trained with tracerl (harnesses/programs/openai_agent.py):
     python scripts/train.py experiment=smollm2_openai_agent
 """
 

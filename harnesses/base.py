@@ -45,8 +45,8 @@ class Task(Protocol):
 
     def score(self, text: str) -> float | Awaitable[float]:
         """Reward in [0, 1] for a model's final output text. A task whose verifier asks a model
-        (the LLM judge: harnesses/judge.py) returns an awaitable: a harness may await it or return
-        it as (part of) its reward, and the rollout worker awaits it (harnesses/scoring.py)."""
+        (the LLM judge: harnesses/verifiers/judge.py) returns an awaitable: a harness may await it or return
+        it as (part of) its reward, and the rollout worker awaits it (harnesses/verifiers/scoring.py)."""
         ...
 
 

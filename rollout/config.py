@@ -23,7 +23,7 @@ from omegaconf import MISSING
 
 from harnesses.base import REWARD_RANGE, TaskSource, load_harness, load_task_source
 from rollout.models import check_model
-from rollout.orchestration.placement import (
+from rollout.placement import (
     Ask,
     check_engine_gpus,
     check_gpu_count,
@@ -204,7 +204,7 @@ class HarnessConfig:
 
 @dataclass
 class TaskConfig:
-    _target_: str = "harnesses.reasoning_gym_tasks.ReasoningGymTasks"  # a harnesses.base.TaskSource class
+    _target_: str = "harnesses.tasks.reasoning_gym.ReasoningGymTasks"  # a harnesses.base.TaskSource class
     name: str = MISSING  # reasoning-gym dataset name, e.g. chain_sum
     params: dict[str, Any] = field(default_factory=dict)  # dataset parameters (difficulty)
     instruction: str | None = None  # appended to each question; None: the source's default

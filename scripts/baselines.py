@@ -198,7 +198,7 @@ def role_reward(role: str):
 
 
 def forfeited(role: str):
-    """1.0 when `role` lost a game by an illegal move (harnesses/selfplay.py's info), 0.0 when it
+    """1.0 when `role` lost a game by an illegal move (harnesses/programs/selfplay.py's info), 0.0 when it
     played and did not; None when it never moved."""
     return lambda t: (
         None
@@ -208,7 +208,7 @@ def forfeited(role: str):
 
 
 def game_stats(traces: list[Trace]) -> dict | None:
-    """A game's traces in short (harnesses/selfplay.py's info; None for other harnesses): how
+    """A game's traces in short (harnesses/programs/selfplay.py's info; None for other harnesses): how
     many, the share lost by an illegal move, moves per game, the share won by the seat that
     perfect play wins (`first_player_wins`; a game cut at max_moves counts as not), and the share
     played out one stone a move (moves == the starting pile: legal, but no strategy; its winner

@@ -38,7 +38,7 @@ from rollout.config import RolloutJobConfig
 from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray
-from rollout.orchestration.placement import pick_cluster, visible_gpus
+from rollout.placement import pick_cluster, visible_gpus
 from rollout.trace import Trace, write_jsonl
 from rollout.viewer import build_view, load_decode, render_page
 from trainer.config import TrainJobConfig, compose, validate

@@ -24,7 +24,7 @@ from rollout.config import GenerateJobConfig, register_configs, validate
 from rollout.log import setup_logging
 from rollout.orchestration.cluster import run_job, start_ray
 from rollout.orchestration.fleet import RolloutFleet
-from rollout.orchestration.placement import with_cluster_for_this_machine
+from rollout.placement import with_cluster_for_this_machine
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 from trainer.config import compose

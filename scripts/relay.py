@@ -33,7 +33,7 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
-from harnesses.answers import extract_answer
+from harnesses.verifiers.answers import extract_answer
 from rollout.models import resolve_model
 from rollout.trace import Trace, read_jsonl
 from trainer.config import compose
@@ -73,7 +73,7 @@ def item(trace: Trace, decode) -> dict:
     }
     if trace.agent_rewards:
         rec["roles"] = trace.agent_rewards
-    if "expression" in trace.info:  # harnesses/relay.py
+    if "expression" in trace.info:  # harnesses/programs/relay.py
         rec.update({k: trace.info[k] for k in ("expression", "steps", "calculator_right")})
         rec["answer"] = trace.info["final"]
     else:

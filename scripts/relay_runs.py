@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from harnesses.majority_vote import majority
+from harnesses.programs.majority_vote import majority
 from rollout.models import resolve_model
 from rollout.trace import Trace, read_jsonl
 from trainer import checkpoint
@@ -170,7 +170,7 @@ def records(traces: list[Trace], decode) -> list[dict]:
     recs = []
     for t in traces:
         rec = relay.item(t, decode)
-        if "votes" in t.info:  # harnesses/majority_vote.py
+        if "votes" in t.info:  # harnesses/programs/majority_vote.py
             answers = t.info["answers"]
             rec.update(answer=answers[majority(answers)], answers=answers, votes=t.info["votes"])
         recs.append(rec)

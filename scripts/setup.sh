@@ -7,7 +7,7 @@
 #   bash scripts/setup.sh --tests  # the venv the test suite runs in; prints its python (the only stdout line)
 #
 # GPU: vllm 0.32.0 with PyPI's torch 2.13.0, a CUDA 13 build: the NVIDIA driver must be >= CUDA_DRIVER_MIN
-# (rollout/orchestration/placement.py, which says where the number comes from). Before any pip step
+# (rollout/placement.py, which says where the number comes from). Before any pip step
 # the script refuses, naming what is missing: an unsupported Python, on GPU a driver below that floor
 # (TRACERL_SKIP_DRIVER_CHECK=1 with NVIDIA's cuda-compat), no C compiler or no Python.h (Triton
 # compiles kernels at run time). A venv holding the other device's build is removed and made anew: pip
@@ -61,7 +61,7 @@ ensure_chromium() {
 }
 ensure_chromium
 
-# The verifier sandbox (harnesses/sandbox.py) drops root to this system user, which owns nothing
+# The verifier sandbox (harnesses/verifiers/sandbox.py) drops root to this system user, which owns nothing
 # (no home, no login shell, no password). Checked on every run, stamp or not; created only when
 # root. Never fails the install: without it a root worker's sandbox runs as nobody, and a
 # non-root worker's as the worker's user (the sandbox's log says which).
@@ -123,8 +123,8 @@ pick_python() {
 # The NVIDIA driver runs the pinned torch's CUDA build: at least CUDA_DRIVER_MIN (one place, with its source).
 check_driver() {
     local floor driver
-    floor=$(sed -n 's/^CUDA_DRIVER_MIN = \([0-9][0-9]*\).*/\1/p' rollout/orchestration/placement.py)
-    [[ -n "$floor" ]] || { echo "[setup] error: no CUDA_DRIVER_MIN in rollout/orchestration/placement.py" >&2; exit 1; }
+    floor=$(sed -n 's/^CUDA_DRIVER_MIN = \([0-9][0-9]*\).*/\1/p' rollout/placement.py)
+    [[ -n "$floor" ]] || { echo "[setup] error: no CUDA_DRIVER_MIN in rollout/placement.py" >&2; exit 1; }
     if [[ "${TRACERL_SKIP_DRIVER_CHECK:-0}" == 1 ]]; then
         echo "[setup] note: TRACERL_SKIP_DRIVER_CHECK=1: the NVIDIA driver is not compared with $floor" >&2
         return 0
@@ -141,7 +141,7 @@ check_driver() {
     fi
     if (( ${driver%%.*} < floor )); then
         echo "[setup] error: the NVIDIA driver is $driver; the pinned torch's CUDA build needs $floor or newer" \
-             "(CUDA_DRIVER_MIN in rollout/orchestration/placement.py says why): with this driver torch sees no" \
+             "(CUDA_DRIVER_MIN in rollout/placement.py says why): with this driver torch sees no" \
              "GPU. Install driver >= $floor, or the CPU build (TRACERL_DEVICE=cpu); datacenter GPUs with NVIDIA's" \
              "cuda-compat package for CUDA 13 may set TRACERL_SKIP_DRIVER_CHECK=1" >&2
         exit 1

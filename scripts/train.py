@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from rollout.log import setup_logging
 from rollout.orchestration.cluster import run_job
-from rollout.orchestration.placement import with_cluster_for_this_machine
+from rollout.placement import with_cluster_for_this_machine
 from trainer.config import compose, register_configs
 from trainer.loop import check, train
 

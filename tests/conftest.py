@@ -227,7 +227,7 @@ def run_harness(engine, tiny_tokenizer):
     engine; roles in `frozen` are served by the same engine under the `frozen` policy (recorded
     untrainable). Returns (task, sequences, HarnessResult)."""
     from harnesses.base import as_result, load_harness
-    from harnesses.reasoning_gym_tasks import ReasoningGymTasks
+    from harnesses.tasks.reasoning_gym import ReasoningGymTasks
     from rollout.agents.client import Agent, ChatFormat, TraceRecorder
     from rollout.config import SamplingConfig
     from rollout.orchestration.router import Router

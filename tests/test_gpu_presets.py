@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.orchestration.placement import (
+from rollout.placement import (
     CUDA_DRIVER_MIN,
     MachineGpus,
     gpus_needed,

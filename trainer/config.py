@@ -23,11 +23,11 @@ from rollout.config import (
     override,
     register_configs as register_rollout_configs,
 )
-from rollout.orchestration.placement import Ask, check_learner_gpus, learner_ask
-from rollout.weights.sync import SyncConfig, SyncMethod
+from rollout.placement import Ask, check_learner_gpus, learner_ask
 from trainer.advantages import AdvantageConfig
 from trainer.learner import PER_ADAPTER, LearnerConfig
 from trainer.losses import LossConfig
+from trainer.weight_sync import SyncConfig, SyncMethod
 
 
 @dataclass

@@ -17,7 +17,7 @@ import os
 import ray
 
 from rollout.orchestration.cluster import await_started
-from rollout.orchestration.placement import actor_options
+from rollout.placement import actor_options
 from rollout.weights.transport import Layout
 from trainer.learner import ALLOC_CONF_VARS, Learner, LearnerConfig, learner_env
 from trainer.losses import LossConfig
@@ -166,7 +166,7 @@ class LearnerGroup:
         return self.collect("write_hf", [r.write_hf.remote(folder, base_model, shard_bytes) for r in self.ranks])[0]
 
     def weight_address(self) -> tuple[str, int]:
-        """Where rank 0 will host the weight group (rollout/weights/sync.py::CollectiveSync)."""
+        """Where rank 0 will host the weight group (trainer/weight_sync.py::CollectiveSync)."""
         return self.collect("weight_address", [self.ranks[0].master_address.remote()])[0]
 
     def weight_identity(self) -> str:

@@ -27,13 +27,13 @@ from rollout.agents.client import ChatFormat
 from rollout.models import resolve_model
 from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Trace
-from rollout.weights.sync import CollectiveSync, ObjectStoreSync, SyncMethod
 from trainer import checkpoint
 from trainer.advantages import compute_advantages
 from trainer.config import TrainJobConfig
 from trainer.learner_group import AdapterLearners, LearnerGroup
 from trainer.metrics import advantage_metrics, train_metrics
 from trainer.packing import MicroBatch, Row, build_rows, pack, packing_stats, share_prefixes, token_weights
+from trainer.weight_sync import CollectiveSync, ObjectStoreSync, SyncMethod
 
 log = logging.getLogger(__name__)
 

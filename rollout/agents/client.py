@@ -335,7 +335,7 @@ class Agent:
         whether `policy` is trained (recorded on every sequence). `max_model_len`: the policy's
         context (model.max_model_len), which the gateway clamps an agent's max_tokens to (None:
         no clamp). `gateway`: the factory of the process's OpenAI-compatible endpoint, for
-        harnesses that run agents written against other APIs (harnesses/openai_agent.py); the
+        harnesses that run agents written against other APIs (harnesses/programs/openai_agent.py); the
         rollout worker hands it in, so that harnesses never import rollout/."""
         self.role = role
         self.policy = policy

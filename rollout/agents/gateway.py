@@ -87,7 +87,7 @@ from rollout.agents.messages import (
 )
 from rollout.agents.prompts import Call, prompt_ids, too_long
 from rollout.agents.tool_calls import parse_tool_calls
-from rollout.orchestration.router import EngineError
+from rollout.engine.engine import EngineError
 
 if TYPE_CHECKING:  # the Agent's module imports this one (an Agent hands its harness the gateway)
     from rollout.agents.client import Agent

@@ -71,6 +71,11 @@ class Completion:
     version: int  # weight version that produced every token of it
 
 
+class EngineError(RuntimeError):
+    """A request that an engine did not answer: it died (Ray restarts it) or ran past the deadline.
+    The worker runs such an episode again (rollout.retries) instead of blaming the harness."""
+
+
 def _dies_with_core(method):
     """`method`, except that a failure that finds vLLM's engine core dead ends this process
     (Engine._exit_for_restart) instead of answering: Ray restarts the engine."""
@@ -321,7 +326,7 @@ class Engine:
 
     @_dies_with_core
     async def open_weight_group(self, plan, first_member: int, timeout_s: float) -> list[str]:
-        """Join the base policy's weight group (rollout/weights/sync.py::CollectiveSync) as members
+        """Join the base policy's weight group (trainer/weight_sync.py::CollectiveSync) as members
         `first_member`.. (one per worker); learner rank 0 and the policy's other engines join at the
         same time. Returns each worker's transport."""
         from rollout.engine.worker_ext import WeightSyncExtension

@@ -22,12 +22,7 @@ from collections import Counter
 import ray
 
 from rollout.config import SamplingConfig
-from rollout.engine.engine import Completion
-
-
-class EngineError(RuntimeError):
-    """A request that an engine did not answer: it died (Ray restarts it) or ran past the deadline.
-    The worker runs such an episode again (rollout.retries) instead of blaming the harness."""
+from rollout.engine.engine import Completion, EngineError
 
 
 class Router:

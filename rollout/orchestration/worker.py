@@ -16,12 +16,13 @@ from collections import Counter
 from typing import Any
 
 from harnesses.base import as_result, collect_scoring_notes, load_harness
-from harnesses.scoring import ScoringScope
+from harnesses.verifiers.scoring import ScoringScope
 from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.agents.gateway import Gateway, GatewayLimits
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
+from rollout.engine.engine import EngineError
 from rollout.log import setup_logging
-from rollout.orchestration.router import EngineError, Router
+from rollout.orchestration.router import Router
 from rollout.trace import Trace, TraceError
 
 
@@ -57,7 +58,7 @@ class RolloutWorker:
         self.cfg = cfg.rollout
         self.seed = cfg.seed
         self.reward_range = tuple(cfg.harness.reward_range)
-        # this process's gateway (harnesses/openai_agent.py), refusing agent-reported rewards outside the range
+        # this process's gateway (harnesses/programs/openai_agent.py), refusing agent-reported rewards outside the range
         self.gateway = functools.partial(Gateway.shared, GatewayLimits(reward_range=self.reward_range))
         self.buffer = buffer  # TraceBuffer actor handle
         self.counts: Counter[str] = Counter(traces_ok=0, traces_failed=0, traces_truncated=0)
@@ -110,7 +111,7 @@ class RolloutWorker:
         deadline = asyncio.timeout(self.cfg.timeout_s)
         try:
             with collect_scoring_notes() as notes, ScoringScope(agents) as scoring:
-                async with deadline:  # a judge's scores (harnesses/judge.py) are awaited within it
+                async with deadline:  # a judge's scores (harnesses/verifiers/judge.py) are awaited within it
                     result = as_result(
                         await scoring.settle(await self.harness(task, agents, **self.harness_options)),
                         self.reward_range,

@@ -1,6 +1,6 @@
 """How a policy's weights travel from learner rank 0 into every engine worker.
 
-`rollout/weights/sync.py::CollectiveSync` opens one `WeightGroup` per trained policy: member 0 is
+`trainer/weight_sync.py::CollectiveSync` opens one `WeightGroup` per trained policy: member 0 is
 learner rank 0 (it hosts the TCPStore), members 1.. are the policy's engine workers. Each member
 takes the weights over the transport its device and rank 0's call for, chosen once at group start
 (`choose_transport`):

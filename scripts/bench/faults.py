@@ -6,7 +6,7 @@
 The run is the fault test's (tests/trainer/test_faults.py): the smoke experiment with
 solver_verifier, the verifier on a frozen engine, 64 traces per step, a 2 s health check. Each
 fault hits half a second into step 2's rollout, through the same injection helpers as the test
-(rollout/orchestration/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
+(rollout/testing/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
 half a second apart, of the rollout worker; SIGSTOP of an engine (alive, never answers: the
 watchdog must find it). For each: did the run finish, how many traces it trained of those it
 should have, how many failed, the restarts, the requests sent again and the episodes run
@@ -31,7 +31,7 @@ import ray
 from rollout.config import RayConfig
 from rollout.log import setup_logging
 from rollout.orchestration.cluster import start_ray
-from rollout.orchestration.faults import Injector
+from rollout.testing.faults import Injector
 from trainer.config import compose
 from trainer.loop import train
 
@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 steps, engine_killed only")
     args = ap.parse_args()
     if args.quick:
-        # 3: the fault may strike in step 3 (rollout/orchestration/faults.py)
+        # 3: the fault may strike in step 3 (rollout/testing/faults.py)
         args.steps, args.faults = 3, "engine_killed"
     names = ["none", *[f for f in args.faults.split(",") if f != "none"]]
     unknown = sorted(set(names) - set(FAULTS))

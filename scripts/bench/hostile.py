@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harnesses.hostile_answers import TASKS, payloads
-from harnesses.reasoning_gym_tasks import ReasoningGymTasks
-from harnesses.sandbox import SandboxError
+from harnesses.tasks.reasoning_gym import ReasoningGymTasks
+from harnesses.testing.hostile_answers import TASKS, payloads
+from harnesses.verifiers.sandbox import SandboxError
 from rollout.log import setup_logging
 
 

@@ -1,4 +1,4 @@
-"""Bench: the reward-hack corpus (harnesses/reward_hacks.py) through each task's real `score()`.
+"""Bench: the reward-hack corpus (harnesses/testing/reward_hacks.py) through each task's real `score()`.
 
 Every hack is scored on the items it fits among each target's first training items (the first
 one with `--quick`, up to 20 otherwise), and every item's gold answer too: a hack must score 0
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harnesses import reward_hacks as rh
+from harnesses.testing import reward_hacks as rh
 from rollout.log import setup_logging
 
 

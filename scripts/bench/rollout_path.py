@@ -88,7 +88,10 @@ def main() -> None:
     ]
     cfg = compose("generate", ["harness=single_turn", *common])
     gateway_cfg, own_client_cfg = (
-        compose("generate", ["harness=openai_agent", f"harness.options.agent=harnesses.one_call_agents.{fn}", *common])
+        compose(
+            "generate",
+            ["harness=openai_agent", f"harness.options.agent=harnesses.testing.one_call_agents.{fn}", *common],
+        )
         for fn in ("one_call", "one_call_own_client")
     )
     model_path = resolve_model(cfg.model.name, cfg.model.path)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from harnesses.base import normalize_question
-from harnesses.file_tasks import FileTaskParams, FileTasks
+from harnesses.tasks.files import FileTaskParams, FileTasks
 from trainer.config import compose
 from trainer.loop import check
 
@@ -143,7 +143,7 @@ def run_check(tmp_path, path, *overrides):
         [
             "experiment=smoke",
             "task=file",
-            "task._target_=harnesses.file_tasks.FileTasks",
+            "task._target_=harnesses.tasks.files.FileTasks",
             "task.name=mine",
             f"task.params.path={path}",
             "task.params.question_field=q",
@@ -221,7 +221,7 @@ def test_scripts_train_exits_with_the_error_before_ray_starts(tmp_path):
             "scripts/train.py",
             "experiment=smoke",
             "task=file",
-            "task._target_=harnesses.file_tasks.FileTasks",
+            "task._target_=harnesses.tasks.files.FileTasks",
             f"task.params.path={tmp_path}/no.jsonl",
             f"run_dir={tmp_path / 'run'}",
         ],

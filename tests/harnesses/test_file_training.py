@@ -38,7 +38,7 @@ def run(tmp_path: Path, data: Path, verifier: str) -> tuple[dict, object]:
         [
             "experiment=smoke",
             "task=file",
-            "task._target_=harnesses.file_tasks.FileTasks",
+            "task._target_=harnesses.tasks.files.FileTasks",
             "task.name=arith",
             f"task.params.path={data}",
             f"task.params.verifier={verifier}",

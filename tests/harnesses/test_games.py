@@ -1,5 +1,5 @@
-"""Game positions as tasks (harnesses/games.py), the selfplay harness playing them
-(harnesses/selfplay.py), and the issue-31 self-play presets (conf/experiment/baseline_selfplay*.yaml)."""
+"""Game positions as tasks (harnesses/tasks/games.py), the selfplay harness playing them
+(harnesses/programs/selfplay.py), and the issue-31 self-play presets (conf/experiment/baseline_selfplay*.yaml)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import re
 import pytest
 
 from harnesses.base import as_result, normalize_question
-from harnesses.games import DEFAULT_PARAMS, NimPosition, NimPositions
-from harnesses.selfplay import parse_move, selfplay
+from harnesses.programs.selfplay import parse_move, selfplay
+from harnesses.tasks.games import DEFAULT_PARAMS, NimPosition, NimPositions
 from rollout.config import make_task_source
 from trainer.config import compose, validate
 
@@ -178,7 +178,7 @@ def test_a_move_of_thousands_of_digits_forfeits():
 @pytest.mark.integration
 def test_selfplay_on_a_nim_position_against_the_engine(run_harness):
     task = NimPositions("nim", eval_size=4).eval_tasks()[0]
-    _, seqs, result = run_harness("harnesses.selfplay.selfplay", ["player_a", "player_b"], task=task)
+    _, seqs, result = run_harness("harnesses.programs.selfplay.selfplay", ["player_a", "player_b"], task=task)
     assert len(seqs) == result.info["moves"] >= 1
     assert (result.info["stones"], result.info["max_take"]) == (task.stones, task.max_take)
 

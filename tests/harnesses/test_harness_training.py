@@ -27,7 +27,7 @@ def rel(a, b):
 
 def test_compaction_trace_trains_across_the_boundary(run_harness, hf_tiny):
     _, seqs, result = run_harness(
-        "harnesses.compaction.compaction", ["solver"], budget_tokens=400, max_steps=8, reply_tokens=16
+        "harnesses.programs.compaction.compaction", ["solver"], budget_tokens=400, max_steps=8, reply_tokens=16
     )
     assert result.info["compactions"] >= 1
     trace = Trace("c", "g", seqs, reward=1.0)
@@ -52,7 +52,7 @@ def test_compaction_trace_trains_across_the_boundary(run_harness, hf_tiny):
 def test_debate_frozen_judge_gets_no_gradient_and_debaters_their_own_reward(run_harness, hf_tiny):
     runs = [
         run_harness(
-            "harnesses.debate.debate",
+            "harnesses.programs.debate.debate",
             ["debater_a", "debater_b", "judge"],
             task_index=k,
             frozen={"judge"},

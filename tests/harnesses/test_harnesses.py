@@ -26,7 +26,7 @@ def merged_rows(seqs, reward=1.0):
 
 @pytest.mark.integration
 def test_single_turn_shape(run_harness, tiny_tokenizer):
-    task, seqs, result = run_harness("harnesses.single_turn.single_turn", ["solver"])
+    task, seqs, result = run_harness("harnesses.programs.single_turn.single_turn", ["solver"])
     assert len(seqs) == 1 and seqs[0].agent == "solver"
     assert task.question in tiny_tokenizer.decode(seqs[0].prompt_ids)
     assert result.reward == task.score(tiny_tokenizer.decode(seqs[0].completion_ids, skip_special_tokens=True))
@@ -34,7 +34,7 @@ def test_single_turn_shape(run_harness, tiny_tokenizer):
 
 @pytest.mark.integration
 def test_solver_verifier_shape(run_harness, tiny_tokenizer):
-    task, seqs, result = run_harness("harnesses.solver_verifier.solver_verifier", ["solver", "verifier"])
+    task, seqs, result = run_harness("harnesses.programs.solver_verifier.solver_verifier", ["solver", "verifier"])
     assert [s.agent for s in seqs] == ["solver", "verifier", "solver"]
     assert [s.parent for s in seqs] == [None, None, 0]
     draft, critique, final = seqs
@@ -50,9 +50,11 @@ def test_solver_verifier_shape(run_harness, tiny_tokenizer):
 
 @pytest.mark.integration
 def test_solver_verifier_with_verdicts_rewards_each_role_for_its_own_job(run_harness, tiny_tokenizer):
-    from harnesses.solver_verifier import verdict
+    from harnesses.programs.solver_verifier import verdict
 
-    task, seqs, result = run_harness("harnesses.solver_verifier.solver_verifier", ["solver", "verifier"], verdicts=True)
+    task, seqs, result = run_harness(
+        "harnesses.programs.solver_verifier.solver_verifier", ["solver", "verifier"], verdicts=True
+    )
     draft, critique, final = (text(tiny_tokenizer, s.completion_ids) for s in seqs)
     assert "VERDICT: CORRECT or VERDICT: WRONG" in tiny_tokenizer.decode(seqs[1].prompt_ids)
     said = verdict(critique)
@@ -64,9 +66,9 @@ def test_solver_verifier_with_verdicts_rewards_each_role_for_its_own_job(run_har
 
 @pytest.mark.integration
 def test_majority_vote_samples_k_fresh_answers_and_scores_the_most_common(run_harness, tiny_tokenizer):
-    from harnesses.majority_vote import majority
+    from harnesses.programs.majority_vote import majority
 
-    task, seqs, result = run_harness("harnesses.majority_vote.majority_vote", ["solver"], k=4, temperature=1.0)
+    task, seqs, result = run_harness("harnesses.programs.majority_vote.majority_vote", ["solver"], k=4, temperature=1.0)
     assert len(seqs) == 4 and all(s.agent == "solver" and s.parent is None for s in seqs)
     assert all(s.prompt_ids == seqs[0].prompt_ids and s.temperature == 1.0 for s in seqs)
     assert len({tuple(s.completion_ids) for s in seqs}) > 1, "each call has its own seed"
@@ -81,7 +83,7 @@ def test_majority_vote_samples_k_fresh_answers_and_scores_the_most_common(run_ha
 
 @pytest.mark.unit
 def test_the_majority_is_the_first_sample_of_the_most_common_answer():
-    from harnesses.majority_vote import majority
+    from harnesses.programs.majority_vote import majority
 
     assert majority(["3", "4", "4", "3"]) == 0  # a tie goes to the answer seen first
     assert majority([None, "7", None, "8", "8"]) == 3
@@ -91,7 +93,7 @@ def test_the_majority_is_the_first_sample_of_the_most_common_answer():
 
 @pytest.mark.unit
 def test_a_critiques_verdict_is_its_last_verdict_word():
-    from harnesses.solver_verifier import verdict
+    from harnesses.programs.solver_verifier import verdict
 
     assert verdict("3 + 4 = 7. VERDICT: CORRECT") is True
     assert verdict("It says 8 but 3 + 4 = 7. VERDICT: WRONG") is False
@@ -120,7 +122,9 @@ def test_as_result_rejects_bad_values():
 @pytest.mark.integration
 def test_solver_verifier_corrector_shape(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness(
-        "harnesses.solver_verifier_corrector.solver_verifier_corrector", ["solver", "verifier", "corrector"], rounds=3
+        "harnesses.programs.solver_verifier_corrector.solver_verifier_corrector",
+        ["solver", "verifier", "corrector"],
+        rounds=3,
     )
     verdicts = result.info["accepted"]
     assert 1 <= result.info["rounds"] == len(verdicts) <= 3
@@ -141,7 +145,7 @@ def test_solver_verifier_corrector_shape(run_harness, tiny_tokenizer):
 
 @pytest.mark.unit
 def test_verdict_parsing():
-    from harnesses.solver_verifier_corrector import accepted
+    from harnesses.programs.solver_verifier_corrector import accepted
 
     assert accepted("ACCEPT. The sum is right.")
     assert not accepted("REJECT: 3 + 4 is 7, not 8.")
@@ -151,7 +155,7 @@ def test_verdict_parsing():
 @pytest.mark.integration
 def test_debate_shape_with_frozen_judge(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness(
-        "harnesses.debate.debate",
+        "harnesses.programs.debate.debate",
         ["debater_a", "debater_b", "judge"],
         frozen={"judge"},
         debaters=2,
@@ -182,7 +186,7 @@ def test_debate_shape_with_frozen_judge(run_harness, tiny_tokenizer):
 @pytest.mark.integration
 def test_orchestrator_shape(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness(
-        "harnesses.orchestrator.orchestrator", ["orchestrator", "subagent"], max_subagents=3
+        "harnesses.programs.orchestrator.orchestrator", ["orchestrator", "subagent"], max_subagents=3
     )
     k = result.info["subagents"]
     assert 1 <= k <= 3
@@ -197,7 +201,7 @@ def test_orchestrator_shape(run_harness, tiny_tokenizer):
 
 @pytest.mark.unit
 def test_orchestrator_plan_parsing():
-    from harnesses.orchestrator import subtasks
+    from harnesses.programs.orchestrator import subtasks
 
     plan = "Plan:\n- add 3 and 4\n* then add 5\n2. check it\nDone"
     assert subtasks(plan, 5) == ["add 3 and 4", "then add 5", "check it"]
@@ -212,7 +216,7 @@ def test_orchestrator_plan_parsing_is_linear_in_the_plan():
     """Rewards review #13: the plan's item pattern was quadratic in blank lines (16k newlines: 7 s on
     the worker's event loop here; 64k: ~2 minutes). A deadline 1000x over the linear parse's time,
     as a hang guard: the quadratic one cannot meet it."""
-    from harnesses.orchestrator import subtasks
+    from harnesses.programs.orchestrator import subtasks
 
     assert subtasks("\n" * 64_000 + "no plan", 3) == []
     assert subtasks("\n" * 200_000 + "- a", 3) == ["a"]
@@ -223,7 +227,7 @@ def test_orchestrator_plan_parsing_is_linear_in_the_plan():
 @pytest.mark.integration
 def test_compaction_shape(run_harness, tiny_tokenizer):
     task, seqs, result = run_harness(
-        "harnesses.compaction.compaction", ["solver"], budget_tokens=400, max_steps=8, reply_tokens=16
+        "harnesses.programs.compaction.compaction", ["solver"], budget_tokens=400, max_steps=8, reply_tokens=16
     )
     c = result.info["compactions"]
     assert c >= 1, "a 400-token budget with 8 steps of 16 tokens must compact"
@@ -245,7 +249,7 @@ def test_compaction_shape(run_harness, tiny_tokenizer):
 
 @pytest.mark.integration
 def test_selfplay_shape(run_harness, tiny_tokenizer):
-    task, seqs, result = run_harness("harnesses.selfplay.selfplay", ["player_a", "player_b"])
+    task, seqs, result = run_harness("harnesses.programs.selfplay.selfplay", ["player_a", "player_b"])
     m = result.info["moves"]
     assert [s.agent for s in seqs] == [("player_a", "player_b")[i % 2] for i in range(m)]
     for i, s in enumerate(seqs):
@@ -265,7 +269,7 @@ def test_selfplay_shape(run_harness, tiny_tokenizer):
     [("2", 5, 2), ("I take 3 stones", 5, 3), ("4", 9, None), ("3", 2, None), ("none", 5, None), ("0", 5, None)],
 )
 def test_selfplay_move_parsing(reply, stones, move):
-    from harnesses.selfplay import parse_move
+    from harnesses.programs.selfplay import parse_move
 
     assert parse_move(reply, stones) == move
 

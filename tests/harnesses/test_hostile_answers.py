@@ -8,8 +8,8 @@ import pytest
 
 from examples.calculator_agent import calculator
 from harnesses.base import collect_scoring_notes
-from harnesses.hostile_answers import SHIPPED, TASKS, payloads
-from harnesses.reasoning_gym_tasks import ReasoningGymTasks
+from harnesses.tasks.reasoning_gym import ReasoningGymTasks
+from harnesses.testing.hostile_answers import SHIPPED, TASKS, payloads
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""harness=relay (harnesses/relay.py): the reader's chain, each role's reward for its own job, the
+"""harness=relay (harnesses/programs/relay.py): the reader's chain, each role's reward for its own job, the
 oracle calculator; and the trace it leaves on the real engine (tiny model)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import pytest
 
-from harnesses.relay import CALCULATOR_PROMPT, chain, relay, show
-from harnesses.story_sum import StorySum, StorySums
+from harnesses.programs.relay import CALCULATOR_PROMPT, chain, relay, show
+from harnesses.tasks.story_sum import StorySum, StorySums
 
 
 def story(operands=(3, 5, 2), operators=("+", "-"), answer="6") -> StorySum:
@@ -157,7 +157,7 @@ def decoded(tok, ids) -> str:
 
 @pytest.mark.integration
 def test_the_relays_trace_is_a_reader_then_one_fresh_calculator_context_a_step(run_harness, tiny_tokenizer):
-    from harnesses.story_sum import read_number
+    from harnesses.tasks.story_sum import read_number
 
     task = StorySums("story_sum", {"operations": 2}, eval_size=4).train_task(0)
     first, second = f"{task.operands[0]} {task.operators[0]} {task.operands[1]}", "7"
@@ -204,7 +204,7 @@ def test_the_oracle_relays_trace_has_the_reader_alone(run_harness, tiny_tokenize
 def test_the_tiny_readers_own_reply_is_read(run_harness, tiny_tokenizer):
     """No script: whatever the reader writes decides how many calculator calls follow."""
     task = StorySums("story_sum", {"operations": 1}, eval_size=4).train_task(2)
-    _, seqs, result = run_harness("harnesses.relay.relay", ["reader", "calculator"], task=task)
+    _, seqs, result = run_harness("harnesses.programs.relay.relay", ["reader", "calculator"], task=task)
     parsed = chain(decoded(tiny_tokenizer, seqs[0].completion_ids), 1)
     assert [s.agent for s in seqs] == ["reader"] + ["calculator"] * (parsed is not None)
     assert result.agent_rewards["reader"] == float(parsed is not None and parsed[1] == int(task.answer))

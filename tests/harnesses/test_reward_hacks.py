@@ -1,4 +1,4 @@
-"""DESIGN invariant 9 over the reward-hack corpus (harnesses/reward_hacks.py): every shipped task's
+"""DESIGN invariant 9 over the reward-hack corpus (harnesses/testing/reward_hacks.py): every shipped task's
 real `score()` and every built-in verifier pays 0 for each hack, for the reason the corpus names,
 and 1 for its gold answers (scripts/bench/reward_hacks.py runs the same on more items)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harnesses import reward_hacks as rh
+from harnesses.testing import reward_hacks as rh
 
 pytestmark = pytest.mark.unit
 

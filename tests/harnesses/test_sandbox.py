@@ -1,4 +1,4 @@
-"""The verifier sandbox (harnesses/sandbox.py) as a wall: a real child process runs the module-level
+"""The verifier sandbox (harnesses/verifiers/sandbox.py) as a wall: a real child process runs the module-level
 helpers below, and each test checks what the child can see or do, or that a garbled, late or
 hostile reply fails the call (SandboxError) without hanging or corrupting the caller. The probes of
 rewards review #4 (write the worker's files, read root's 0600 files, fork through the i386 ABI, x32,
@@ -23,9 +23,9 @@ import time
 
 import pytest
 
-from harnesses import sandbox
-from harnesses.sandbox import Sandbox, SandboxError
-from harnesses.sandbox_isolation import SANDBOX_USER
+from harnesses.verifiers import sandbox
+from harnesses.verifiers.sandbox import Sandbox, SandboxError
+from harnesses.verifiers.sandbox_isolation import SANDBOX_USER
 
 pytestmark = pytest.mark.unit
 
@@ -402,7 +402,7 @@ def test_a_reasoning_gym_verifier_scores_after_the_privileges_are_dropped(datase
     interpreter's standard library, in root's 0700 home on this box) when its scorer is built;
     both happen in the child after it dropped root."""
     # (imported here: the child imports this module to run its helpers, and should not pay for it)
-    from harnesses import reasoning_gym_tasks
+    from harnesses.tasks import reasoning_gym as reasoning_gym_tasks
 
     task = reasoning_gym_tasks.ReasoningGymTasks(dataset, size=100, eval_size=0).train_task(0)
     assert task.score(f"<answer>{task.answer}</answer>") == 1.0
@@ -414,7 +414,7 @@ def test_a_reasoning_gym_verifier_scores_after_the_privileges_are_dropped(datase
 def test_each_rule_the_machine_cannot_keep_is_logged_once(caplog, monkeypatch):
     monkeypatch.setattr(sandbox, "_warned", set())
     isolation = {"gaps": ["network: no network namespace (test), so the child can reach the network"]}
-    with caplog.at_level(logging.WARNING, logger="harnesses.sandbox"):
+    with caplog.at_level(logging.WARNING, logger="harnesses.verifiers.sandbox"):
         sandbox._warn_gaps_once(isolation)
         sandbox._warn_gaps_once(isolation)
     assert [r.getMessage() for r in caplog.records] == [

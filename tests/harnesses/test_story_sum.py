@@ -1,4 +1,4 @@
-"""task=story_sum (harnesses/story_sum.py): deterministic draws, a held-out set unseen by content
+"""task=story_sum (harnesses/tasks/story_sum.py): deterministic draws, a held-out set unseen by content
 (its own names and objects), enough distinct stories, and our own exact scorer: gold scores 1,
 near misses and hostile answers 0."""
 
@@ -10,14 +10,14 @@ import re
 import pytest
 
 from harnesses.base import collect_scoring_notes, normalize_question
-from harnesses.hostile_answers import payloads
-from harnesses.story_sum import (
+from harnesses.tasks.story_sum import (
     EVAL_NAMES,
     EVAL_OBJECTS,
     TRAIN_NAMES,
     TRAIN_OBJECTS,
     StorySums,
 )
+from harnesses.testing.hostile_answers import payloads
 from rollout.config import TaskConfig, make_task_source
 
 pytestmark = pytest.mark.unit
@@ -152,4 +152,4 @@ def test_hostile_answers_score_zero_and_say_why(tmp_path):
 )
 def test_bad_params_fail_naming_the_key(params, message):
     with pytest.raises(ValueError, match=message):
-        make_task_source(TaskConfig(_target_="harnesses.story_sum.StorySums", name="story_sum", params=params), 0)
+        make_task_source(TaskConfig(_target_="harnesses.tasks.story_sum.StorySums", name="story_sum", params=params), 0)

@@ -1,5 +1,5 @@
-"""Task sources and verifiers: reasoning-gym tasks (harnesses/reasoning_gym_tasks.py), answer
-extraction (harnesses/answers.py), the synthetic digit task, and the TaskSource protocol."""
+"""Task sources and verifiers: reasoning-gym tasks (harnesses/tasks/reasoning_gym.py), answer
+extraction (harnesses/verifiers/answers.py), the synthetic digit task, and the TaskSource protocol."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from harnesses import reasoning_gym_tasks
-from harnesses.answers import extract_answer
 from harnesses.base import TaskSource, collect_scoring_notes, load_task_source, normalize_question
-from harnesses.reasoning_gym_tasks import DEFAULT_INSTRUCTION, ReasoningGymTask, ReasoningGymTasks
-from harnesses.synthetic import DigitTasks
+from harnesses.tasks import reasoning_gym as reasoning_gym_tasks
+from harnesses.tasks.reasoning_gym import DEFAULT_INSTRUCTION, ReasoningGymTask, ReasoningGymTasks
+from harnesses.tasks.synthetic import DigitTasks
+from harnesses.verifiers.answers import extract_answer
 from tests.conftest import EASY_CHAIN_SUM
 
 pytestmark = pytest.mark.unit
@@ -263,8 +263,8 @@ def test_sources_share_the_task_source_constructor(cls):
 def test_task_source_errors_name_the_key():
     with pytest.raises(ValueError, match="task.size must be >= 1"):
         DigitTasks("digits", size=0)
-    with pytest.raises(ValueError, match=r"task._target_='harnesses.synthetic.DigitTask' is not a TaskSource"):
-        load_task_source("harnesses.synthetic.DigitTask")
+    with pytest.raises(ValueError, match=r"task._target_='harnesses.tasks.synthetic.DigitTask' is not a TaskSource"):
+        load_task_source("harnesses.tasks.synthetic.DigitTask")
     with pytest.raises(ValueError, match="task._target_='harnesses.nope.Tasks' cannot be imported"):
         load_task_source("harnesses.nope.Tasks")
 

@@ -1,4 +1,4 @@
-"""Verifiers by name (harnesses/verifiers.py): each scores its gold answer 1 and honest variants
+"""Verifiers by name (harnesses/verifiers/registry.py): each scores its gold answer 1 and honest variants
 as it should, and hostile answers (code, huge, deeply nested, regex bombs) score 0 without
 running anything, in bounded time (refused unread, or stopped at a deadline), saying why."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from harnesses.base import collect_scoring_notes
-from harnesses.sandbox import SandboxError
-from harnesses.verifiers import BUILT_IN, make_verifier, unrolled_size
+from harnesses.verifiers.registry import BUILT_IN, make_verifier, unrolled_size
+from harnesses.verifiers.sandbox import SandboxError
 
 pytestmark = pytest.mark.unit
 

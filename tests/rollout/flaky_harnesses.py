@@ -54,7 +54,7 @@ async def hostile_answer(task, agents):
     normally."""
     text = await agents["solver"].chat(task.prompt, max_tokens=4)
     if _index(task) == 0:
-        from harnesses.reasoning_gym_tasks import ReasoningGymTasks
+        from harnesses.tasks.reasoning_gym import ReasoningGymTasks
 
         return ReasoningGymTasks("countdown", eval_size=0).train_task(0).score("<answer>9**9**9**9</answer>")
     return task.score(text)

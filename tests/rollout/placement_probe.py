@@ -5,7 +5,7 @@ with the GPUs the config declares in `ray.num_gpus`):
 
 Composes conf/train.yaml with the overrides, starts Ray as the training job does (start_ray with
 the job's asks), then creates one probe actor per engine and learner rank with exactly the Ray
-options the job's actors get (`cfg.asks()`: rollout.orchestration.placement.actor_options of each pool's engine
+options the job's actors get (`cfg.asks()`: rollout.placement.actor_options of each pool's engine
 and each learner group's settings, as spawn_engines and LearnerGroup use). Each probe reports the
 GPUs Ray gave it. Prints one JSON line: {"cluster": ..., "probes": [{what, gpu_ids, resources,
 cuda_visible_devices}]}, or {"error": ...} when start_ray refuses the job.

@@ -157,7 +157,8 @@ def test_a_request_past_its_deadline_is_aborted_and_named(engine, tiny_tokenizer
     import asyncio
     import time
 
-    from rollout.orchestration.router import EngineError, Router
+    from rollout.engine.engine import EngineError
+    from rollout.orchestration.router import Router
 
     prompt = chat_prompt(tiny_tokenizer)
     long = SamplingConfig(max_tokens=1000, ignore_eos=True)

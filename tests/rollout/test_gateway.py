@@ -334,7 +334,7 @@ def test_openai_agent_harness_runs_the_example_as_a_subprocess_in_a_worker(run_w
     """examples/calculator_agent.py as a program (task on stdin, answer on stdout) in a real
     RolloutWorker: every trace ok, with the agent's calls as its sequences, the answer scored."""
     harness = HarnessConfig(
-        _target_="harnesses.openai_agent.openai_agent",
+        _target_="harnesses.programs.openai_agent.openai_agent",
         name="openai_agent",
         roles=["solver"],
         options={"command": f"python {ROOT / 'examples' / 'calculator_agent.py'}", "timeout_s": 120.0},
@@ -357,7 +357,7 @@ def test_a_hanging_agent_command_is_killed_with_its_children_and_the_trace_fails
         f"open({str(pids)!r} + str(os.getpid()), 'w').write(str(child.pid)); time.sleep(300)"
     )
     harness = HarnessConfig(
-        _target_="harnesses.openai_agent.openai_agent",
+        _target_="harnesses.programs.openai_agent.openai_agent",
         name="openai_agent",
         roles=["solver"],
         options={"command": [sys.executable, "-c", hang], "timeout_s": 3.0},
@@ -407,7 +407,7 @@ def test_openai_agent_function_mode_takes_the_reward_the_agent_reports(run_harne
     """Twice, each in a fresh event loop: the worker's shared gateway starts again in the new one."""
     for k in range(2):
         _, seqs, result = run_harness(
-            "harnesses.openai_agent.openai_agent",
+            "harnesses.programs.openai_agent.openai_agent",
             ["agent"],
             task_index=k,
             agent="tests.rollout.test_gateway.reporting_agent",

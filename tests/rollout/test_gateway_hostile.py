@@ -20,7 +20,8 @@ from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.agents.gateway import Gateway
 from rollout.agents.tool_calls import parse_tool_calls
 from rollout.config import SamplingConfig
-from rollout.orchestration.router import EngineError, Router
+from rollout.engine.engine import EngineError
+from rollout.orchestration.router import Router
 from tests.rollout.test_gateway import gateway_run  # noqa: F401 (the fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -199,7 +200,7 @@ def test_an_engine_failure_in_a_gateway_request_runs_the_episode_again(engine, t
     from tests.conftest import EASY_CHAIN_SUM
 
     harness = HarnessConfig(
-        _target_="harnesses.openai_agent.openai_agent",
+        _target_="harnesses.programs.openai_agent.openai_agent",
         name="openai_agent",
         roles=["solver"],
         options={"agent": "tests.rollout.test_gateway_hostile.carrying_on_agent"},
@@ -236,7 +237,7 @@ def test_a_rollout_worker_clamps_agents_to_its_models_context(engine, tiny_path)
     from tests.conftest import EASY_CHAIN_SUM
 
     harness = HarnessConfig(
-        _target_="harnesses.openai_agent.openai_agent",
+        _target_="harnesses.programs.openai_agent.openai_agent",
         name="openai_agent",
         roles=["solver"],
         options={"agent": "tests.rollout.test_gateway_hostile.greedy_agent"},
@@ -260,7 +261,7 @@ def test_a_rollout_worker_clamps_agents_to_its_models_context(engine, tiny_path)
 def test_a_gateway_bug_is_a_json_500_and_fails_the_trace_by_name(engine, tiny_tokenizer):
     """Any other exception in a request: the agent gets a JSON 500 naming it, and the harness fails
     the trace with it even though the agent carried on."""
-    from harnesses.openai_agent import openai_agent
+    from harnesses.programs.openai_agent import openai_agent
 
     class Task:
         prompt = "What is 2 + 2?"
@@ -288,11 +289,11 @@ def test_a_command_agent_sees_only_the_allowed_environment(run_harness, monkeypa
     monkeypatch.setenv("SECRET_X", "hunter2")
     monkeypatch.setenv("NAMED_Y", "1")
     show = [sys.executable, "-c", "import os, json; print(json.dumps(sorted(os.environ)))"]
-    _, _, result = run_harness("harnesses.openai_agent.openai_agent", ["agent"], command=show)
+    _, _, result = run_harness("harnesses.programs.openai_agent.openai_agent", ["agent"], command=show)
     names = json.loads(result.info["answer"])
     assert "SECRET_X" not in names and "NAMED_Y" not in names and not any(n.startswith("RAY_") for n in names)
     assert {"PATH", "OPENAI_BASE_URL", "OPENAI_API_KEY"} <= set(names)
-    _, _, result = run_harness("harnesses.openai_agent.openai_agent", ["agent"], command=show, env=["NAMED_Y"])
+    _, _, result = run_harness("harnesses.programs.openai_agent.openai_agent", ["agent"], command=show, env=["NAMED_Y"])
     assert "NAMED_Y" in json.loads(result.info["answer"])  # named in harness.options.env
 
 
@@ -306,7 +307,7 @@ def test_a_command_agent_that_floods_stdout_fails_the_trace_and_is_killed(run_ha
         f"sys.stdout.write('x' * 2_000_000); sys.stdout.flush(); time.sleep(300)",
     ]
     with pytest.raises(RuntimeError, match="more than 1048576 bytes to stdout"):
-        run_harness("harnesses.openai_agent.openai_agent", ["agent"], command=flood, timeout_s=120.0)
+        run_harness("harnesses.programs.openai_agent.openai_agent", ["agent"], command=flood, timeout_s=120.0)
     assert not _alive(int(pid.read_text()))
 
 
@@ -320,7 +321,7 @@ def test_a_command_agent_dies_with_its_worker(tmp_path):
         [
             sys.executable,
             "-c",
-            "import asyncio, sys; from harnesses.openai_agent import "
+            "import asyncio, sys; from harnesses.programs.openai_agent import "
             f"run_command; asyncio.run(run_command({agent!r}, '', {{}}, 300))",
         ],
         cwd=ROOT,

@@ -17,7 +17,7 @@ from rollout.config import GenerateJobConfig, HarnessConfig, RolloutConfig, Samp
 from tests.conftest import EASY_CHAIN_SUM
 from tests.rollout.test_gateway import gateway_run  # noqa: F401 (the fixture)
 
-OPENAI_AGENT = "harnesses.openai_agent.openai_agent"
+OPENAI_AGENT = "harnesses.programs.openai_agent.openai_agent"
 
 
 async def _answer(base_url, api_key, prompt):

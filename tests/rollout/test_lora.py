@@ -9,11 +9,11 @@ import ray
 import torch
 
 from rollout.config import LoraConfig, ModelConfig, SamplingConfig
-from rollout.weights.sync import ObjectStoreSync
 from tests.conftest import chat_prompt, hf_logprobs
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
+from trainer.weight_sync import ObjectStoreSync
 
 LORA = LoraConfig(rank=8, alpha=16.0)
 

@@ -2,7 +2,7 @@
 
 vLLM and DeepSpeed cannot start on GPUs that Ray only declares (`ray.init(num_gpus=...)` on a
 machine without one), so the real Engine and Learner actors cannot run here. The honest check is
-a probe actor created with exactly the Ray options the job's actors get (rollout.orchestration.placement's
+a probe actor created with exactly the Ray options the job's actors get (rollout.placement's
 `actor_options`, the one function spawn_engines and LearnerGroup create them with), reporting the
 GPU ids, the resources and the CUDA_VISIBLE_DEVICES Ray gave it: what a CUDA engine or rank would
 see. Each case runs in its own process with its own Ray (tests/rollout/placement_probe.py), as the

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from harnesses.base import normalize_question
-from harnesses.solver_verifier import SOLVER_SYSTEM
+from harnesses.programs.solver_verifier import SOLVER_SYSTEM
 from rollout.config import make_task_source
 from rollout.trace import Trace
 from scripts.baselines import ARMS, QUICK, game_stats, grad_spikes, pick_arms
@@ -117,7 +117,7 @@ def test_gradient_spikes_are_counted_against_the_median():
 
 
 def game(winner, forfeit: bool, moves: int, first_player_wins: bool, stones: int = 24) -> Trace:
-    """A Nim trace's info as harnesses/selfplay.py writes it (its sequences do not matter here)."""
+    """A Nim trace's info as harnesses/programs/selfplay.py writes it (its sequences do not matter here)."""
     info = {
         "moves": moves,
         "winner": winner,

@@ -16,7 +16,7 @@ import dataclasses
 import pytest
 
 from harnesses.base import normalize_question
-from harnesses.solver_verifier import SOLVER_SYSTEM
+from harnesses.programs.solver_verifier import SOLVER_SYSTEM
 from rollout.config import make_task_source
 from rollout.trace import Sequence, Trace
 from scripts.relay import CONDITIONS, gate, item, seeds_needed, tokens

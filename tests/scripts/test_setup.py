@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.orchestration.placement import CUDA_DRIVER_MIN
+from rollout.placement import CUDA_DRIVER_MIN
 
 pytestmark = pytest.mark.unit
 
@@ -159,7 +159,7 @@ def test_a_driver_older_than_the_pinned_torchs_cuda_needs_is_refused_by_name(tmp
     if refused:
         assert run.returncode == 1, run.stdout + run.stderr
         assert f"the NVIDIA driver is {driver}; the pinned torch's CUDA build needs {CUDA_DRIVER_MIN}" in run.stderr
-        assert "CUDA_DRIVER_MIN in rollout/orchestration/placement.py" in run.stderr
+        assert "CUDA_DRIVER_MIN in rollout/placement.py" in run.stderr
         assert "TRACERL_DEVICE=cpu" in run.stderr and "TRACERL_SKIP_DRIVER_CHECK=1" in run.stderr
         assert m.calls() == [] or not any(" -m " in c for c in m.calls()), "no venv, no pip"
         assert not m.venv.exists()

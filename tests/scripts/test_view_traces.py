@@ -26,7 +26,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 @pytest.fixture(scope="module")
 def traces_file(run_worker, tmp_path_factory) -> Path:
     harness = HarnessConfig(
-        _target_="harnesses.solver_verifier.solver_verifier", name="solver_verifier", roles=["solver", "verifier"]
+        _target_="harnesses.programs.solver_verifier.solver_verifier",
+        name="solver_verifier",
+        roles=["solver", "verifier"],
     )
     _, groups, _ = run_worker(
         harness, {"solver": "main", "verifier": "frozen"}, n_tasks=2, timeout_s=60.0, max_tokens=24

@@ -8,7 +8,7 @@ import pytest
 import ray
 import torch
 
-from rollout.orchestration.faults import Injector
+from rollout.testing.faults import Injector
 from rollout.trace import Sequence, Trace, TraceError
 from tests.conftest import fake_checkpoint, read_metrics
 from trainer import checkpoint

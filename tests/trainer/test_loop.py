@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.orchestration.faults import wait_for_step
+from rollout.testing.faults import wait_for_step
 from rollout.trace import Sequence, Trace, read_jsonl
 from tests.conftest import read_metrics as metrics
 from trainer import checkpoint

@@ -14,12 +14,12 @@ from transformers import AutoModelForCausalLM
 from rollout.config import EngineConfig, ModelConfig, SamplingConfig
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import spawn_engines
-from rollout.weights.sync import CollectiveSync, ObjectStoreSync
 from tests.conftest import chat_prompt, hf_logprobs
 from trainer import checkpoint
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup
 from trainer.losses import LossConfig
+from trainer.weight_sync import CollectiveSync, ObjectStoreSync
 
 pytestmark = pytest.mark.e2e
 

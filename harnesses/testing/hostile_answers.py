@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The reasoning-gym presets (file tasks' verifiers: tests/harnesses/test_verifiers.py).
 SHIPPED = sorted(p.stem for p in (ROOT / "conf" / "task").glob("*.yaml") if "_target_" not in p.read_text())
 TASKS = sorted(set(SHIPPED) | {"puzzle24"})

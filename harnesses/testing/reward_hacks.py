@@ -29,13 +29,13 @@ from typing import Any
 import yaml
 
 from harnesses.base import TaskSource, collect_scoring_notes, load_task_source
-from harnesses.file_tasks import FileTasks
-from harnesses.judge import Judge, inert_verdicts
-from harnesses.reasoning_gym_tasks import ReasoningGymTasks
-from harnesses.selfplay import parse_move
-from harnesses.verifiers import BUILT_IN
+from harnesses.programs.selfplay import parse_move
+from harnesses.tasks.files import FileTasks
+from harnesses.tasks.reasoning_gym import ReasoningGymTasks
+from harnesses.verifiers.judge import Judge, inert_verdicts
+from harnesses.verifiers.registry import BUILT_IN
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TASKS = sorted({p.stem for p in (ROOT / "conf" / "task").glob("*.yaml")} - {"file"} | {"puzzle24"})
 VERIFIERS = [f"verifier={name}" for name in sorted(BUILT_IN)]
 WRONG, NO_ANSWER, FORFEIT = "wrong", "no answer", "forfeit"
@@ -54,7 +54,7 @@ class Hack:
 @dataclass(frozen=True)
 class JudgeHack:
     """A judged text and the judge reply it hopes for (one that quotes it, say): `reply`'s `{answer}`
-    is the text as the judge was shown it (harnesses/judge.py: verdict tags made inert), and the reply
+    is the text as the judge was shown it (harnesses/verifiers/judge.py: verdict tags made inert), and the reply
     is read as the judge's verdict (`judge_outcome`); `reason` as a Hack's."""
 
     label: str

@@ -6,7 +6,7 @@ TaskSource's held-out-by-content logic holds out positions: no held-out position
 training start, and no two held-out items are the same position. With the defaults, 36 pile
 sizes x 3 move limits = 108 positions; task.eval_size=32 leaves 76 to train on.
 
-The game, not a text, decides the outcome (harnesses/selfplay.py gives the per-agent rewards),
+The game, not a text, decides the outcome (harnesses/programs/selfplay.py gives the per-agent rewards),
 so a position's `score` is 0.0 for any text and it has no `answer`.
 """
 

@@ -2,7 +2,7 @@
 
 Task verifiers read model output, and some reasoning-gym verifiers evaluate it
 (countdown hands the answer to SymPy's `parse_expr`, i.e. `eval`). The first
-wall is the task's answer grammar (harnesses/reasoning_gym_tasks.py): such an
+wall is the task's answer grammar (harnesses/tasks/reasoning_gym.py): such an
 answer reaches the verifier only as a re-printed whitelist expression. This
 sandbox is the second: should code run in a verifier anyway, it runs in a
 child process that
@@ -16,7 +16,7 @@ child process that
   the worker's files (project sources, the venv, a `.pth` there) nor read
   root's 0600 files. The import path stays readable even in root's 0700 home
   (pyenv, uv): that folder is masked by an empty tmpfs into which only the
-  import path is bound back, read-only (harnesses/sandbox_isolation.py);
+  import path is bound back, read-only (harnesses/verifiers/sandbox_isolation.py);
 * is PID 1 of its own PID namespace, with its own /proc: `close()` kills it,
   and the kernel kills whatever it started with it;
 * has a seccomp filter that kills it on a foreign syscall ABI (i386
@@ -63,7 +63,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from harnesses.sandbox_isolation import isolate
+from harnesses.verifiers.sandbox_isolation import isolate
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ class _Child:
         config = json.dumps({**limits, "path": path, "parent": os.getpid()})
         boot = (
             "import json, sys; c = json.loads(sys.argv[1]); sys.path[:] = c['path']; "
-            "from harnesses.sandbox import _serve; _serve(c)"
+            "from harnesses.verifiers.sandbox import _serve; _serve(c)"
         )
         env = {
             "HOME": self.cwd,

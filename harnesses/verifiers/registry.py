@@ -1,13 +1,13 @@
-"""Verifiers by name: how a file task (harnesses/file_tasks.py) scores a model's output.
+"""Verifiers by name: how a file task (harnesses/tasks/files.py) scores a model's output.
 
 `task.params.verifier` names one, `task.params.verifier_options` sets its fields:
 
 * `exact`: the answer equals the gold answer, case and white space aside.
-* `numeric`: a plain number (harnesses/answers.py's grammar) within `abs_tol` or
+* `numeric`: a plain number (harnesses/verifiers/answers.py's grammar) within `abs_tol` or
   `rel_tol` of the gold number; without an `<answer>` tag, the last number in the text.
 * `math`: the same exact value: the answer is a number or a fraction in lowest terms
   (`-0.75`, `3/4`, `\\frac{3}{4}`), the gold any expression over + - * / and
-  parentheses (harnesses/expressions.py, exact fractions; `\\cdot`, `\\times`, `\\div`,
+  parentheses (harnesses/verifiers/expressions.py, exact fractions; `\\cdot`, `\\times`, `\\div`,
   `$` and `\\boxed{...}` are read too). An answer that is itself an expression
   (`3 - 4 + 7`, `12/4`) is refused unless `expressions: true`: otherwise restating the
   question's own arithmetic scores 1 without computing anything (rewards review #9).
@@ -16,12 +16,12 @@
   repeats would unroll into more than MAX_UNROLLED atoms when compiled is refused.
 * `choice`: multiple choice, one letter of `letters` (`B`, `(B)`, `B.` and `B)` read as B);
   a gold or an answer that is not exactly one of them (`AB`, `""`) is refused.
-* `judge`: an LLM judge, a frozen model asked in the episode (harnesses/judge.py).
+* `judge`: an LLM judge, a frozen model asked in the episode (harnesses/verifiers/judge.py).
 * `package.module:function`: a user function `function(completion, answer, metadata)`
   returning a reward in [0, 1], imported at start and run in a sandbox process
-  (harnesses/user_verifier.py).
+  (harnesses/verifiers/user.py).
 
-Model output is hostile input (the rules of harnesses/reasoning_gym_tasks.py): a
+Model output is hostile input (the rules of harnesses/tasks/reasoning_gym.py): a
 built-in verifier reads only the last `<answer>` tag (or a number / `\\boxed{}`
 where said), refuses an answer longer than `max_chars` unread, and evaluates
 nothing: a refused answer scores 0 and says why through `note_scoring`.
@@ -43,9 +43,9 @@ from typing import Any, ClassVar
 
 import regex
 
-from harnesses.answers import extract_answer, is_plain_number
 from harnesses.base import note_scoring
-from harnesses.expressions import Expression, ExpressionError, parse_expression
+from harnesses.verifiers.answers import extract_answer, is_plain_number
+from harnesses.verifiers.expressions import Expression, ExpressionError, parse_expression
 
 KEY = "task.params.verifier"
 
@@ -366,16 +366,16 @@ def make_verifier(spec: str, options: dict[str, Any]) -> Verifier:
     if spec in BUILT_IN:
         cls, fields = BUILT_IN[spec], dict(options)
     elif spec == "judge":
-        from harnesses.judge import Judge  # it imports this module
+        from harnesses.verifiers.judge import Judge  # it imports this module
 
         cls, fields = Judge, dict(options)
     elif ":" in spec:
-        from harnesses.user_verifier import UserFunction  # it imports this module
+        from harnesses.verifiers.user import UserFunction  # it imports this module
 
         cls, fields = UserFunction, {**options, "target": spec}
     else:
         raise ValueError(
-            f"{KEY}={spec!r}: one of {', '.join(BUILT_IN)}, judge (an LLM judge: harnesses/judge.py), "
+            f"{KEY}={spec!r}: one of {', '.join(BUILT_IN)}, judge (an LLM judge: harnesses/verifiers/judge.py), "
             f"or a function as package.module:function"
         )
     known = {f.name for f in dataclasses.fields(cls)} - {"target"}

@@ -1,7 +1,7 @@
 """The user-function verifier: `task.params.verifier=package.module:function`.
 
 `function(completion, answer, metadata) -> float` is the user's code reading model output,
-which is hostile input: it runs in a sandbox process (harnesses/sandbox.py) with bounded
+which is hostile input: it runs in a sandbox process (harnesses/verifiers/sandbox.py) with bounded
 time and memory and no network. It is imported when the task source is built (a missing
 module or function, or a signature that does not take the three arguments, is a
 ValueError before Ray starts), and in the sandbox on its first call.
@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from harnesses.base import load_object
-from harnesses.sandbox import Sandbox
-from harnesses.verifiers import KEY, Verifier
+from harnesses.verifiers.registry import KEY, Verifier
+from harnesses.verifiers.sandbox import Sandbox
 
 
 @dataclass
 class UserFunction(Verifier):
     """`function(completion, answer, metadata) -> float` of `package.module:function`, in a sandbox
-    process (harnesses/sandbox.py): user code reading hostile text runs with bounded time and
+    process (harnesses/verifiers/sandbox.py): user code reading hostile text runs with bounded time and
     memory; past `timeout_s` (the first call includes the module's import) the trace fails."""
 
     name = "function"

@@ -3,7 +3,7 @@
     Ann has 3 apples. Ann finds 5 more apples. Then Ann gives away 2 apples.
     How many apples does Ann have now?
 
-The task of the relay experiment (docs/preregistration/relay.md; harnesses/relay.py splits it
+The task of the relay experiment (docs/preregistration/relay.md; harnesses/programs/relay.py splits it
 between a reader and a calculator). `task.params.operations` (1 or 2) is how many changes a
 story has; every operand is one digit (the start 1-9, a change 1-9) and no count goes below 0.
 Names, objects and verbs come from the lists below: with the training lists there are over 10^5
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 
-from harnesses.answers import extract_answer, is_plain_number
 from harnesses.base import TaskSource, note_scoring
+from harnesses.verifiers.answers import extract_answer, is_plain_number
 
 DEFAULT_INSTRUCTION = "Give the final answer as <answer>NUMBER</answer>."
 DEFAULT_PARAMS = {"operations": 2}

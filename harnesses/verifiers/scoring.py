@@ -1,4 +1,4 @@
-"""Scores that ask a model (the LLM judge, harnesses/judge.py), inside the episode being run.
+"""Scores that ask a model (the LLM judge, harnesses/verifiers/judge.py), inside the episode being run.
 
 The rollout worker opens a `ScoringScope` with the episode's agents around each harness run. A
 verifier that asks a model takes its agent from there (`scoring_agent`) and starts the call as an

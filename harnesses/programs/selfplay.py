@@ -3,7 +3,7 @@
 The game is Nim (the subtraction game): a pile of stones; players alternate taking 1 to
 `max_take`; whoever takes the last stone wins. A reply whose first number is not a legal move
 forfeits the game. The starting position comes from the task: a task with `stones` and
-`max_take` (task=nim, harnesses/games.py: held out by position) is played as it is; any other
+`max_take` (task=nim, harnesses/tasks/games.py: held out by position) is played as it is; any other
 task only seeds the pile (`min_stones` to `max_stones`, from its id) with max_take 3, so any
 task source works.
 

@@ -1,4 +1,4 @@
-"""How the verifier sandbox's child cuts itself off, first thing after it starts (harnesses/sandbox.py).
+"""How the verifier sandbox's child cuts itself off, first thing after it starts (harnesses/verifiers/sandbox.py).
 
 As root (a GPU box, CI), the child
 

@@ -15,7 +15,7 @@ the value with int() and never checks which numbers were used, and whose others
 pay partial credit to any number containing the gold; rewards review #1, #2, #10):
 
 * countdown and puzzle24 (`EXPRESSION_DATASETS`): an arithmetic expression
-  (harnesses/expressions.py) of integer literals over the operators the task
+  (harnesses/verifiers/expressions.py) of integer literals over the operators the task
   allows, using each of the item's numbers exactly once (as a multiset: every
   question says "using all of these numbers" and "each number once"), whose exact
   `Fraction` value is the target. 1 or 0: no credit for a near value or a wrong set
@@ -30,7 +30,7 @@ answer of another value scores 0 silently: it is just wrong.
 Other datasets keep reasoning-gym's verifier, and several of those evaluate the
 answer as code (`EVALUATING_DATASETS`): one with no grammar here is refused. The
 rest get bounded length (`answer_limit`) and then run their verifier in a sandbox
-process (harnesses/sandbox.py), the second wall. That call is synchronous, as
+process (harnesses/verifiers/sandbox.py), the second wall. That call is synchronous, as
 `Task.score` is for every harness that compares a score with a number; the length
 bound keeps a verifier that is slow on long answers (propositional_logic:
 quadratic) far from the sandbox's 2 s limit (rewards review #14).
@@ -48,10 +48,10 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from harnesses.answers import extract_answer, is_number, is_plain_number
 from harnesses.base import TaskSource, note_scoring
-from harnesses.expressions import OPERATORS, ExpressionError, parse_expression
-from harnesses.sandbox import Sandbox
+from harnesses.verifiers.answers import extract_answer, is_number, is_plain_number
+from harnesses.verifiers.expressions import OPERATORS, ExpressionError, parse_expression
+from harnesses.verifiers.sandbox import Sandbox
 
 DEFAULT_INSTRUCTION = "Give the final answer as <answer>NUMBER</answer>."
 
@@ -148,7 +148,7 @@ def _check_answers_are_guarded(name: str, params: Mapping[str, Any]) -> None:
         raise ValueError(
             f"reasoning-gym dataset {name!r} scores answers by evaluating them as Python/SymPy code, and "
             f"tracerl has no answer grammar for it (model output would run as code); use another "
-            f"task.name, or add a scorer of ours for it to ReasoningGymTask.score in harnesses/reasoning_gym_tasks.py"
+            f"task.name, or add a scorer of ours for it to ReasoningGymTask.score in harnesses/tasks/reasoning_gym.py"
         )
     if name in EXPRESSION_DATASETS:
         bad = sorted(set(_operators(name, params)) - set(OPERATORS))

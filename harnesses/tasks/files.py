@@ -3,7 +3,7 @@
     python scripts/train.py task=file task.params.path=examples/arith.jsonl task.params.verifier=numeric
 
 `FileTasks` reads the rows of `task.params.path` (JSONL, JSON, CSV, Parquet or a
-saved HF dataset: harnesses/data_files.py); each row gives a question
+saved HF dataset: harnesses/tasks/data_files.py); each row gives a question
 (`question_field`), a gold answer (`answer_field`) and metadata fields the
 verifier receives. Rows that ask the same question (case and white space aside)
 collapse into one item. The held-out set is `task.eval_size` of these items drawn
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harnesses.base import TaskSource, normalize_question
-from harnesses.data_files import read_rows
-from harnesses.verifiers import Verifier, make_verifier
+from harnesses.tasks.data_files import read_rows
+from harnesses.verifiers.registry import Verifier, make_verifier
 
 P = "task.params"
 
@@ -43,7 +43,9 @@ class FileTaskParams:
     eval_path: str | None = None  # a file of held-out items (same fields); None: held out from `path`
     format: str = "auto"  # jsonl | json | csv | parquet | hf; auto: by suffix (a folder: hf)
     verifier: str = "exact"  # exact | numeric | math | regex | choice | judge | package.module:function
-    verifier_options: dict[str, Any] = field(default_factory=dict)  # the verifier's fields (harnesses/verifiers.py)
+    verifier_options: dict[str, Any] = field(
+        default_factory=dict
+    )  # the verifier's fields (harnesses/verifiers/registry.py)
     shuffle: bool = True  # training order shuffled with the run's seed (else file order)
 
 

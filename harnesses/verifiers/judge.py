@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from harnesses.answers import is_plain_number
 from harnesses.base import note_scoring
-from harnesses.scoring import defer_score, scoring_agent
-from harnesses.verifiers import KEY, Verifier
+from harnesses.verifiers.answers import is_plain_number
+from harnesses.verifiers.registry import KEY, Verifier
+from harnesses.verifiers.scoring import defer_score, scoring_agent
 
 TEMPLATE = (
     "Question: {question}\nReference answer: {gold}\nProposed answer: {answer}\n\n"
@@ -76,7 +76,7 @@ class Judge(Verifier):
             (
                 "<verdict>" in self.template,
                 f"{o}.template never asks for <verdict>...</verdict>: the judge's verdict is read from that tag "
-                f"only (the judged answer's own tags cannot supply it); see harnesses/judge.py TEMPLATE",
+                f"only (the judged answer's own tags cannot supply it); see harnesses/verifiers/judge.py TEMPLATE",
             ),
             (bool(self.agent), f"{o}.agent is empty: name the judging role, e.g. judge"),
             (self.max_score > 0, f"{o}.max_score={self.max_score} must be > 0"),

@@ -16,8 +16,8 @@ import asyncio
 import inspect
 from collections import Counter
 
-from harnesses.answers import extract_answer
 from harnesses.base import HarnessResult
+from harnesses.verifiers.answers import extract_answer
 
 
 def majority(answers: list[str | None]) -> int:
@@ -41,7 +41,7 @@ async def majority_vote(task, agents, k: int = 3, temperature: float = 0.7, syst
     answers = [read(s) for s in samples]
     pick = majority(answers)
     reward = task.score(samples[pick])
-    if inspect.isawaitable(reward):  # a judged task (harnesses/judge.py)
+    if inspect.isawaitable(reward):  # a judged task (harnesses/verifiers/judge.py)
         reward = await reward
     votes = sum(a == answers[pick] for a in answers) if answers[pick] is not None else 0
     return HarnessResult(reward=reward, info={"answers": answers, "votes": votes, "answer": task.answer})

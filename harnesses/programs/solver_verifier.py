@@ -51,7 +51,7 @@ async def solver_verifier(task, agents, system: str = SOLVER_SYSTEM, verdicts: b
     info = {"draft_score": draft_score, "answer": task.answer}
     if not verdicts:
         return HarnessResult(reward=reward, info=info)
-    if inspect.isawaitable(draft_score):  # an LLM judge's score (harnesses/judge.py): its value is needed now
+    if inspect.isawaitable(draft_score):  # an LLM judge's score (harnesses/verifiers/judge.py): its value is needed now
         draft_score = info["draft_score"] = await draft_score
     said = verdict(critique)
     right = said is not None and said == (draft_score >= 1.0)

@@ -1,7 +1,7 @@
 """relay: a reader turns a story into an expression, a calculator works it out one step at a time.
 
 The team of the relay experiment (docs/preregistration/relay.md), on task=story_sum
-(harnesses/story_sum.py). Each role does one job that has a verifiable answer of its own.
+(harnesses/tasks/story_sum.py). Each role does one job that has a verifiable answer of its own.
 
 Trace shape: 2 agents, 1 + k sequences (k = the story's operations), each a fresh context —
   [0] reader: the story -> only the expression, e.g. `3+5-2`
@@ -9,7 +9,7 @@ Trace shape: 2 agents, 1 + k sequences (k = the story's operations), each a fres
       previous answer; the first operand at step 1) -> <answer>N</answer>
 The calculator never sees the story. The reader's reply must be a chain `N op N ...` of + and -
 with exactly the story's number of operations (one `<answer>` tag around it is allowed); it is
-parsed by harnesses/expressions.py's whitelist parser. A reply of another shape ends the relay
+parsed by harnesses/verifiers/expressions.py's whitelist parser. A reply of another shape ends the relay
 there: a bare number would skip the calculator (the team would be one agent), and a fixed number
 of steps fixes the team's token budget. A calculator reply with no plain number ends it too.
 
@@ -28,10 +28,10 @@ import re
 from decimal import Decimal
 from fractions import Fraction
 
-from harnesses.answers import extract_answer
 from harnesses.base import HarnessResult
-from harnesses.expressions import MAX_CHARS, ExpressionError, parse_expression
-from harnesses.story_sum import DEFAULT_INSTRUCTION, read_number
+from harnesses.tasks.story_sum import DEFAULT_INSTRUCTION, read_number
+from harnesses.verifiers.answers import extract_answer
+from harnesses.verifiers.expressions import MAX_CHARS, ExpressionError, parse_expression
 
 READER_SYSTEM = (
     "You translate word problems into arithmetic expressions. Reply with only the expression, e.g. {example}."

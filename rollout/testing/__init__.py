@@ -1,0 +1,1 @@
+"""Test and bench aids installed with the package: fault injection on the real stack."""

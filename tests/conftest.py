@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """The background lane (tests/lane.py) starts the selected tests' long script runs now: the
     quick benches (tests/scripts/test_bench.py), then the baselines' quick arms
-    (tests/trainer/test_baselines_quick.py), then the relay's quick pilot (tests/scripts/test_relay_quick.py),
+    (tests/trainer/test_team_study_quick.py), then the relay's quick pilot (tests/scripts/test_relay_quick.py),
     then the relay's quick main runs (tests/scripts/test_relay_runs_quick.py)."""
     modules = {item.module.__name__.rsplit(".", 1)[-1] for item in session.items}
     jobs = {}
@@ -67,10 +67,10 @@ def pytest_collection_finish(session):
             if i.module.__name__.endswith("test_bench") and i.originalname == "test_quick"
         }
         jobs |= test_bench.lane_jobs(benches)
-    if "test_baselines_quick" in modules:
-        from tests.trainer import test_baselines_quick
+    if "test_team_study_quick" in modules:
+        from tests.trainer import test_team_study_quick
 
-        jobs |= test_baselines_quick.lane_jobs()
+        jobs |= test_team_study_quick.lane_jobs()
     if "test_relay_quick" in modules:
         from tests.scripts import test_relay_quick
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.unit
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-TWO_TRAINED = {"smollm2_two_policies", "baseline_team_full"}  # two learners and two pools: more than one GPU's shares
+TWO_TRAINED = {"smollm2_two_policies", "study_team_full"}  # two learners and two pools: more than one GPU's shares
 
 
 def test_every_cluster_preset_has_its_learner_part():

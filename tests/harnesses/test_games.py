@@ -1,5 +1,5 @@
 """Game positions as tasks (harnesses/tasks/games.py), the selfplay harness playing them
-(harnesses/programs/selfplay.py), and the issue-31 self-play presets (conf/experiment/baseline_selfplay*.yaml)."""
+(harnesses/programs/selfplay.py), and the issue-31 self-play presets (conf/experiment/study_selfplay*.yaml)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from harnesses.tasks.games import DEFAULT_PARAMS, NimPosition, NimPositions
 from rollout.config import make_task_source
 from trainer.config import compose, validate
 
-PRESETS = ("baseline_selfplay", "baseline_selfplay_no_role_baseline")
+PRESETS = ("study_selfplay", "study_selfplay_no_role_baseline")
 
 
 # ---- NimPositions ------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ def test_a_space_too_small_for_the_held_out_set_fails_naming_the_fix():
         NimPositions("nim", small, eval_size=8)
     assert len(NimPositions("nim", small, eval_size=7).eval_tasks()) == 7
     with pytest.raises(ValueError, match="20 positions, and task.eval_size=24 holds out all of them"):
-        validate(compose("train", ["experiment=baseline_selfplay", "task.params.max_stones=9"]))
+        validate(compose("train", ["experiment=study_selfplay", "task.params.max_stones=9"]))
 
 
 @pytest.mark.unit
@@ -195,7 +195,7 @@ def test_selfplay_presets_are_one_policy_on_both_seats_with_per_agent_rewards(pr
     assert set(cfg.agents.values()) == {"main"} and cfg.trainable_policies() == ["main"]
     adv = cfg.algorithm.advantage
     assert adv.per_agent_rewards and not adv.normalize_per_agent
-    assert adv.role_baseline == (preset == "baseline_selfplay")
-    assert cfg.task.eval_size == cfg.eval.size == 24  # held out unseen: tests/scripts/test_baselines.py
+    assert adv.role_baseline == (preset == "study_selfplay")
+    assert cfg.task.eval_size == cfg.eval.size == 24  # held out unseen: tests/scripts/test_team_study.py
     # a game takes at most a move per stone: no game of the preset's piles is cut at max_moves
     assert cfg.task.params["max_stones"] <= cfg.harness.options["max_moves"]

@@ -1,8 +1,8 @@
-"""The baselines' presets (conf/experiment/baseline_*.yaml) and scripts/baselines.py's own logic.
+"""The baselines' presets (conf/experiment/baseline_*.yaml) and scripts/team_study.py's own logic.
 
 Each preset composes and validates, changes from its reference exactly what its arm is about, and
 holds out questions no training draw repeats. The arms themselves run on the tiny model in
-tests/trainer/test_baselines_quick.py.
+tests/trainer/test_team_study_quick.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from harnesses.base import normalize_question
 from harnesses.programs.solver_verifier import SOLVER_SYSTEM
 from rollout.config import make_task_source
 from rollout.trace import Trace
-from scripts.baselines import ARMS, QUICK, game_stats, grad_spikes, pick_arms
+from scripts.team_study import ARMS, QUICK, game_stats, grad_spikes, pick_arms
 from trainer.config import compose, validate
 
 pytestmark = pytest.mark.unit
@@ -45,7 +45,7 @@ def test_each_arm_composes_validates_and_holds_out_unseen_questions(arm):
     for extra in ([], QUICK):
         cfg = compose("train", [f"experiment={ARMS[arm].preset}", "seed=2", *extra])
         validate(cfg)
-        assert cfg.run_dir == f"runs/baselines/{arm}"
+        assert cfg.run_dir == f"runs/team_study/{arm}"
     source = make_task_source(cfg.task, cfg.seed)
     held_out = {normalize_question(t.question) for t in source.eval_tasks()}
     assert len(held_out) == cfg.eval.size == cfg.task.eval_size
@@ -90,8 +90,8 @@ def test_each_arm_changes_only_what_it_is_about():
 
 def test_the_single_agent_answers_as_the_teams_solver_with_six_times_the_traces():
     single, team = (
-        compose("train", ["experiment=baseline_single_agent"]),
-        compose("train", ["experiment=baseline_team_shared"]),
+        compose("train", ["experiment=study_single_agent"]),
+        compose("train", ["experiment=study_team_shared"]),
     )
     assert single.harness.options["system"] == SOLVER_SYSTEM
     assert single.trainer.groups_per_step == 6 * team.trainer.groups_per_step  # ~ the team's generated tokens

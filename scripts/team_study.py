@@ -1,10 +1,10 @@
 """Multi-agent baselines with their controls: does training the team beat training one agent?
 
-    python scripts/baselines.py                           # every arm, 2 seeds (hours on a 2-core box)
-    python scripts/baselines.py --arms team --seeds 1 2   # role specialisation and its controls
-    python scripts/baselines.py --arms credit_global,credit_per_agent --seeds 1
-    python scripts/baselines.py --quick --out /tmp/b      # every arm on the tiny model, 2 steps (tests)
-    python scripts/baselines.py --no-train                # the table of the runs finished so far
+    python scripts/team_study.py                           # every arm, 2 seeds (hours on a 2-core box)
+    python scripts/team_study.py --arms team --seeds 1 2   # role specialisation and its controls
+    python scripts/team_study.py --arms credit_global,credit_per_agent --seeds 1
+    python scripts/team_study.py --quick --out /tmp/b      # every arm on the tiny model, 2 steps (tests)
+    python scripts/team_study.py --no-train                # the table of the runs finished so far
 
 Each arm is an experiment preset (conf/experiment/baseline_*.yaml) trained by scripts/train.py
 once per seed into OUT/<arm>/seed<k>; a finished run (its summary.json) is kept and read, so an

@@ -1,4 +1,4 @@
-"""Every arm of scripts/baselines.py on the tiny model (`--quick`: 2 steps of 2 groups of 4, 8
+"""Every arm of scripts/team_study.py on the tiny model (`--quick`: 2 steps of 2 groups of 4, 8
 held-out items, one seed), so that the presets and the script cannot rot: each arm trains, each
 kind of extra evaluation runs (roles' weights swapped, the majority vote, the seats of a game;
 once per code path, QUICK_NO_EXTRAS), and the table, its JSON and the curves are written. Not a
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.baselines import ARMS, QUICK_NO_EXTRAS
+from scripts.team_study import ARMS, QUICK_NO_EXTRAS
 from tests import lane
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +26,7 @@ DEADLINE_S = 1500  # at nice 10 beside the suite (alone: ~6 min)
 
 
 def lane_jobs() -> dict[str, tuple[list[str], float]]:
-    return {"baselines": (["scripts/baselines.py", "--quick", "--seeds", "1", "--out", str(OUT)], DEADLINE_S)}
+    return {"baselines": (["scripts/team_study.py", "--quick", "--seeds", "1", "--out", str(OUT)], DEADLINE_S)}
 
 
 def test_every_arm_trains_and_reaches_the_table():

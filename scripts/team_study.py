@@ -54,7 +54,7 @@ class Arm:
 
     @property
     def preset(self) -> str:
-        return f"baseline_{self.name}"
+        return f"study_{self.name}"
 
 
 SEATS = ("player_a", "player_b")
@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", default="all", help="all, team, credit, selfplay or arm names (comma-separated)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="the seeds (default 1 2)")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "baselines", help="where the runs go")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "team_study", help="where the runs go")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 steps: the code paths only")
     parser.add_argument(
         "--no-train",

@@ -34,8 +34,8 @@ def flat(cfg, prefix: str = "") -> dict:
 
 def changed(arm: str, reference: str = "team_shared") -> set[str]:
     a, b = (
-        flat(compose("train", [f"experiment=baseline_{arm}"])),
-        flat(compose("train", [f"experiment=baseline_{reference}"])),
+        flat(compose("train", [f"experiment=study_{arm}"])),
+        flat(compose("train", [f"experiment=study_{reference}"])),
     )
     return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
 

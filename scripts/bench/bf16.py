@@ -20,14 +20,13 @@ import time
 
 import ray
 import torch
+from _reference import batches_for, bench_vllm, conversation_trace
 
 from rollout.agents.client import ChatFormat
 from rollout.config import RayConfig, make_task_source
-from rollout.engine.baseline import bench_vllm
 from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray
-from trainer.baseline import batches_for, conversation_trace
 from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup

@@ -21,7 +21,7 @@ how idle each side was — the learners (1 - train seconds / loop seconds) and t
 keeps the last step's rollout traces and, once the run has ended, measures on the same machine
 what that step's work costs with nothing else in the way: vLLM alone generating the same tokens
 (every sequence of the step at once, each to its own length, on engines with the run's settings),
-the plain torch loop (trainer/baseline.py's) training the same packed rows, and a memory copy
+the plain torch loop (scripts/bench/_reference.py's) training the same packed rows, and a memory copy
 of the trained weights. It prints the step's seconds over their sum and where the rest went
 (rollout wait, train, sync, the loop's own). `--quick`: the comparison with 2 steps per variant,
 and the speed of light of the second variant's last step (the tiny model), in one JSON object
@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import ray
+from _reference import PlainLoop, memcpy_s
 
 from rollout.agents.client import ChatFormat
 from rollout.config import RayConfig, SamplingConfig
@@ -46,7 +47,6 @@ from rollout.models import resolve_model
 from rollout.orchestration.cluster import spawn_engines, start_ray
 from rollout.trace import read_jsonl
 from trainer.advantages import compute_advantages
-from trainer.baseline import PlainLoop, memcpy_s
 from trainer.config import compose
 from trainer.loop import train
 from trainer.policy import micro_batches
@@ -162,7 +162,7 @@ def engines_alone_s(cfg, traces) -> float:
 
 
 def plain_train_s(cfg, traces) -> tuple[float, int]:
-    """Seconds of the plain torch loop (trainer/baseline.py::PlainLoop) over the micro-batches
+    """Seconds of the plain torch loop (_reference.py's PlainLoop) over the micro-batches
     each trained policy's learners got from `traces` (the best of two, after a warm-up), and the
     trained weights' bytes."""
     a, total, nbytes = cfg.algorithm, 0.0, 0

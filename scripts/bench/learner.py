@@ -32,6 +32,7 @@ from contextlib import ExitStack
 
 import ray
 import torch
+from _reference import PlainLoop, batches_for, conversation_trace, memcpy_s
 
 from rollout.agents.client import ChatFormat
 from rollout.config import RayConfig
@@ -39,7 +40,6 @@ from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray
 from rollout.orchestration.fleet import RolloutFleet
-from trainer.baseline import PlainLoop, batches_for, conversation_trace, memcpy_s
 from trainer.config import compose
 from trainer.learner import LearnerConfig
 from trainer.learner_group import LearnerGroup

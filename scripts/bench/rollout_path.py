@@ -26,10 +26,10 @@ import statistics
 import time
 
 import ray
+from _reference import bench_vllm
 
 from rollout.agents.client import ChatFormat
 from rollout.config import GenerateJobConfig, make_task_source
-from rollout.engine.baseline import bench_vllm
 from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray

@@ -1,12 +1,12 @@
-"""Evaluate a model on a run's held-out items, outside training, paired against a baseline.
+"""Evaluate a model on a run's held-out items, outside training, paired against a reference model.
 
     python scripts/evaluate.py experiment=smollm2_solver_verifier \
-        --model runs/smollm2_solver_verifier --baseline smollm2_135m --out runs/eval/solver.json
+        --model runs/smollm2_solver_verifier --reference smollm2_135m --out runs/eval/solver.json
     python scripts/evaluate.py task=file task.params.path=my.jsonl --model my/hf_folder --k 4
 
 Hydra overrides (the words with `=`) compose conf/train.yaml exactly as scripts/train.py does,
 so the same overrides give the same held-out items (task, eval.size), harness, agents,
-sampling and engines as that run. `--model` (and `--baseline`) replace the weights of the
+sampling and engines as that run. `--model` (and `--reference`) replace the weights of the
 run's trained policies: a built-in model (tiny, tiny_tied, smollm2_135m), an HF folder, a LoRA
 adapter folder (on the base its adapter_config.json names, or --adapter-base), a checkpoint
 folder (runs/X/checkpoints/step_000014: each policy's own weights) or a run dir (its newest
@@ -15,11 +15,11 @@ training. Without `--model` the config's model is evaluated.
 
 Greedy (eval.temperature) with `--k 1`; `--k K` runs `--samples` (default K) samples per item
 at the run's sampling.temperature and reports unbiased pass@K (a run passes with reward >= 1).
-Reports mean reward, pass@k, per-agent rewards, failed runs and their errors; with `--baseline`,
-the paired comparison by question (better / worse / sign-test p) that training writes to
-summary.json as eval_paired, baseline as "before" and model as "after". Writes `--out` (JSON),
-the traces beside it (<out>.model.jsonl, <out>.baseline.jsonl) and the trace viewer's pages
-(<out>.model.html, ...). The last output line is a JSON summary.
+Reports mean reward, pass@k, per-agent rewards, failed runs and their errors; with `--reference`
+(the untrained model, say), the paired comparison by question (better / worse / sign-test p)
+that training writes to summary.json as eval_paired, reference as "before" and model as "after".
+Writes `--out` (JSON), the traces beside it (<out>.model.jsonl, <out>.reference.jsonl) and the
+trace viewer's pages (<out>.model.html, ...). The last output line is a JSON summary.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="hydra overrides of conf/train.yaml, e.g. experiment=smoke")
     parser.add_argument("--model", help="the weights to evaluate (default: the config's model)")
-    parser.add_argument("--baseline", help="weights to evaluate on the same items and compare with")
+    parser.add_argument("--reference", help="weights to evaluate on the same items and compare with")
     parser.add_argument("--adapter-base", help="the base model of a LoRA adapter whose own config names none here")
     parser.add_argument("--k", type=int, default=1, help="pass@k; k > 1 samples at sampling.temperature")
     parser.add_argument("--samples", type=int, help="samples per item (default: k)")
@@ -69,7 +69,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace) -> tuple[TrainJobConfig, dict[str, tuple[TrainJobConfig, dict[str, Weights]]]]:
-    """The composed config, and per label (model, baseline) its config with those weights, all
+    """The composed config, and per label (model, reference) its config with those weights, all
     validated: every error here comes before Ray starts."""
     extra, line = pick_cluster(args.overrides, visible_gpus(None), lambda overrides: compose("train", overrides))
     if line:
@@ -79,7 +79,7 @@ def plan(args: argparse.Namespace) -> tuple[TrainJobConfig, dict[str, tuple[Trai
         raise ValueError("eval.size=0: nothing to evaluate; set eval.size (at most task.eval_size)")
     trained = cfg.trainable_policies()
     runs = {}
-    for label, spec in (("model", args.model), ("baseline", args.baseline)):
+    for label, spec in (("model", args.model), ("reference", args.reference)):
         if label == "model" or spec is not None:
             weights = (
                 weights_for(spec, trained, args.adapter_base, f"--{label}")
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> None:
         import ray
 
         ray.shutdown()
-    if "baseline" in traces:  # as training's summary.json: the baseline before, the model after
-        result["eval_paired"] = paired_comparison(traces["baseline"], traces["model"])
+    if "reference" in traces:  # as training's summary.json: the reference before, the model after
+        result["eval_paired"] = paired_comparison(traces["reference"], traces["model"])
     write_atomic(args.out, json.dumps(result, indent=2, allow_nan=False))
     print(f"[evaluate] wrote {args.out}", flush=True)
     summary = {
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         json.dumps(
             {
                 **summary,
-                **({"eval_paired": result["eval_paired"]} if "baseline" in traces else {}),
+                **({"eval_paired": result["eval_paired"]} if "reference" in traces else {}),
                 "out": str(args.out),
             }
         )

@@ -51,7 +51,7 @@ ROLE_RANGE = (0.15, 0.8)  # criterion 2
 MAX_SINGLE = 0.5  # criterion 3
 MAX_TEAM_DEFICIT = Fraction(5, 100)  # criterion 1: points the team may lie below the single agent
 # The sd of a per-seed C - A difference from training-seed noise alone: results review section 2.5
-# (from the 2026-12-05 baselines' ten team-minus-single differences; a rough estimate).
+# (from the 2026-12-05 team study's ten team-minus-single differences; a rough estimate).
 SEED_SD = 0.043
 # Student t quantiles (0.975, 0.8) by degrees of freedom: a paired t-test over seeds at alpha 0.05,
 # two-sided, with 80% power (5 and 8 seeds).

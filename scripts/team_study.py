@@ -1,4 +1,4 @@
-"""Multi-agent baselines with their controls: does training the team beat training one agent?
+"""The multi-agent study with its controls: does training the team beat training one agent?
 
     python scripts/team_study.py                           # every arm, 2 seeds (hours on a 2-core box)
     python scripts/team_study.py --arms team --seeds 1 2   # role specialisation and its controls
@@ -6,7 +6,7 @@
     python scripts/team_study.py --quick --out /tmp/b      # every arm on the tiny model, 2 steps (tests)
     python scripts/team_study.py --no-train                # the table of the runs finished so far
 
-Each arm is an experiment preset (conf/experiment/baseline_*.yaml) trained by scripts/train.py
+Each arm is an experiment preset (conf/experiment/study_*.yaml) trained by scripts/train.py
 once per seed into OUT/<arm>/seed<k>; a finished run (its summary.json) is kept and read, so an
 interrupted call picks up where it stopped. After training, scripts/evaluate.py measures what the
 run's own held-out eval cannot:
@@ -17,7 +17,7 @@ run's own held-out eval cannot:
   model calls spent on samples instead of roles.
 - `seats` (selfplay arms): the trained player against the untrained model in either seat.
 
-Then one table (OUT/baselines.md and .json: held-out before -> after with the paired sign test,
+Then one table (OUT/team_study.md and .json: held-out before -> after with the paired sign test,
 each role's own reward, generated and trained tokens, gradient norms, wall time; each team arm
 paired against the single agent of the same seed; a game's illegal moves, moves, perfect-play
 winners and one-stone games before -> after) and the sampled training reward per step of every
@@ -143,21 +143,21 @@ class Job:
 
     def train(self) -> None:
         if (self.dir / "summary.json").exists():
-            print(f"[baselines] {self.label}: trained already ({self.dir})", flush=True)
+            print(f"[team_study] {self.label}: trained already ({self.dir})", flush=True)
             return
         log = self.dir.with_suffix(".train.log")
-        print(f"[baselines] {self.label}: training into {self.dir} (output: {log})", flush=True)
+        print(f"[team_study] {self.label}: training into {self.dir} (output: {log})", flush=True)
         self.dir.parent.mkdir(parents=True, exist_ok=True)
         cmd = ["scripts/train.py", *self.overrides(), f"run_dir={self.dir}", "trainer.resume=auto"]
         wall = run(cmd, log, self.timeout_s)
-        print(f"[baselines] {self.label}: trained in {wall:.0f} s", flush=True)
+        print(f"[team_study] {self.label}: trained in {wall:.0f} s", flush=True)
 
     def evaluate(self, label: str, extra: list[str]) -> dict:
         """scripts/evaluate.py on this run's final weights (with `extra` flags and overrides); its
         report, kept in <run>/<label>.json and reused."""
         out = self.dir / f"{label}.json"
         if not out.exists():
-            print(f"[baselines] {self.label}: evaluating {label} (output: {self.dir / label}.log)", flush=True)
+            print(f"[team_study] {self.label}: evaluating {label} (output: {self.dir / label}.log)", flush=True)
             cmd = ["scripts/evaluate.py", *self.overrides(), *extra, "--model", str(self.dir), "--out", str(out)]
             run(cmd, self.dir / f"{label}.log", self.timeout_s)
         return json.loads(out.read_text())
@@ -172,10 +172,10 @@ class Job:
         if arm.swap:
             found["swap"] = self.evaluate("swapped", [f"agents.{role}={p}" for role, p in arm.swap.items()])
         if arm.vote:
-            found["vote"] = self.evaluate("vote", ["harness=majority_vote", "--baseline", self.base_model()])
+            found["vote"] = self.evaluate("vote", ["harness=majority_vote", "--reference", self.base_model()])
         for seat in arm.seats:  # the other seat played by the untrained model (`frozen`)
             other = next(s for s in arm.seats if s != seat)
-            found[seat] = self.evaluate(f"as_{seat}", [f"agents.{other}=frozen", "--baseline", self.base_model()])
+            found[seat] = self.evaluate(f"as_{seat}", [f"agents.{other}=frozen", "--reference", self.base_model()])
         return found
 
 
@@ -280,7 +280,7 @@ def read_run(job: Job) -> dict:
 
 
 def read_eval(rep: dict, run_final: list[Trace]) -> dict:
-    """An evaluate.py report in short: mean reward of the model (and baseline), per-role rewards,
+    """An evaluate.py report in short: mean reward of the model (and the untrained reference), per-role rewards,
     generated tokens per item, and the model's traces paired against the run's own final eval."""
     model = list(read_jsonl(rep["model"]["traces"]))
     out = {
@@ -292,14 +292,14 @@ def read_eval(rep: dict, run_final: list[Trace]) -> dict:
         "generated_tokens_per_item": mean([t.num_generated_tokens for t in model]),
         "vs_run_final": paired_comparison(run_final, model),
     }
-    if "baseline" in rep:
-        base = list(read_jsonl(rep["baseline"]["traces"]))
-        out["baseline_reward"] = rep["baseline"]["reward"]
+    if "reference" in rep:
+        base = list(read_jsonl(rep["reference"]["traces"]))
+        out["untrained_reward"] = rep["reference"]["reward"]
         out["paired"] = rep["eval_paired"]
-        out["baseline_roles"] = {r: mean_of(base, role_reward(r)) for r in out["roles"]}
+        out["untrained_roles"] = {r: mean_of(base, role_reward(r)) for r in out["roles"]}
         if any("forfeit" in t.info for t in model):  # a game: how often each seat lost by an illegal move
             out["forfeits"] = {r: mean_of(model, forfeited(r)) for r in out["roles"]}
-            out["baseline_forfeits"] = {r: mean_of(base, forfeited(r)) for r in out["roles"]}
+            out["untrained_forfeits"] = {r: mean_of(base, forfeited(r)) for r in out["roles"]}
         out["paired_roles"] = {
             r: paired_comparison(with_reward(base, role_reward(r)), with_reward(model, role_reward(r)))
             for r in out["roles"]
@@ -345,7 +345,7 @@ def md(caption: str, header: list[str], lines: list[str]) -> list[str]:
 
 
 def table(rows: list[dict]) -> str:
-    """The markdown of OUT/baselines.md: each arm over its seeds, every run, then one table per
+    """The markdown of OUT/team_study.md: each arm over its seeds, every run, then one table per
     extra evaluation."""
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     by_arm = []
@@ -410,7 +410,7 @@ def table(rows: list[dict]) -> str:
             swaps,
         )
     votes = [
-        f"| {r['seed']} | {fmt(v['baseline_reward'])} | {fmt(v['reward'])} | {sign(v['paired'])} "
+        f"| {r['seed']} | {fmt(v['untrained_reward'])} | {fmt(v['reward'])} | {sign(v['paired'])} "
         f"| {sign(v['vs_run_final'])} | {fmt(v['generated_tokens_per_item'], 1)} / "
         f"{fmt(r['eval_generated_tokens_per_item'], 1)} |"
         for r in rows
@@ -450,9 +450,9 @@ def table(rows: list[dict]) -> str:
             games,
         )
     seats = [
-        f"| {r['arm']} | {r['seed']} | {seat} | {fmt(r[seat]['baseline_roles'].get(seat))} "
+        f"| {r['arm']} | {r['seed']} | {seat} | {fmt(r[seat]['untrained_roles'].get(seat))} "
         f"| {fmt(r[seat]['roles'].get(seat))} | {sign(r[seat]['paired_roles'].get(seat))} "
-        f"| {fmt(r[seat].get('baseline_forfeits', {}).get(seat))} → {fmt(r[seat].get('forfeits', {}).get(seat))} |"
+        f"| {fmt(r[seat].get('untrained_forfeits', {}).get(seat))} → {fmt(r[seat].get('forfeits', {}).get(seat))} |"
         for r in rows
         for seat in ARMS[r["arm"]].seats
         if seat in r
@@ -525,20 +525,20 @@ def main(argv: list[str] | None = None) -> None:
             job.train()
         except RuntimeError as e:
             failed[job.label] = str(e)
-            print(f"[baselines] {job.label}: FAILED: {e}", flush=True)
+            print(f"[team_study] {job.label}: FAILED: {e}", flush=True)
     for job in jobs.values():
         if job.label not in failed:
             try:
                 rows.append(read_run(job))
             except RuntimeError as e:
                 failed[job.label] = str(e)
-                print(f"[baselines] {job.label}: FAILED: {e}", flush=True)
+                print(f"[team_study] {job.label}: FAILED: {e}", flush=True)
     against_single_agent(rows, jobs)
-    write_atomic(out / "baselines.json", json.dumps(rows, indent=2, allow_nan=False))
+    write_atomic(out / "team_study.json", json.dumps(rows, indent=2, allow_nan=False))
     if rows:
-        (out / "baselines.md").write_text(table(rows), encoding="utf-8")
+        (out / "team_study.md").write_text(table(rows), encoding="utf-8")
         plot(rows, out / "curves.png")
-    print(f"[baselines] wrote {out / 'baselines.md'}, {out / 'baselines.json'}, {out / 'curves.png'}", flush=True)
+    print(f"[team_study] wrote {out / 'team_study.md'}, {out / 'team_study.json'}, {out / 'curves.png'}", flush=True)
     print(
         json.dumps(
             {

@@ -36,7 +36,7 @@ TIERS = ("unit", "integration", "e2e")
 def pytest_collection_modifyitems(config, items):
     """Every test has one tier. The tests that wait for a background-lane job (their module has
     `lane_jobs`) run last, so that the suite works on while the lane does (in the middle of the
-    suite, the baselines' wait held it up by ~100 s)."""
+    suite, the team study's wait held it up by ~100 s)."""
     waits = [item for item in items if hasattr(item.module, "lane_jobs")]
     items[:] = [item for item in items if not hasattr(item.module, "lane_jobs")] + waits
     bad = [
@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """The background lane (tests/lane.py) starts the selected tests' long script runs now: the
-    quick benches (tests/scripts/test_bench.py), then the baselines' quick arms
+    quick benches (tests/scripts/test_bench.py), then the team study's quick arms
     (tests/trainer/test_team_study_quick.py), then the relay's quick pilot (tests/scripts/test_relay_quick.py),
     then the relay's quick main runs (tests/scripts/test_relay_runs_quick.py)."""
     modules = {item.module.__name__.rsplit(".", 1)[-1] for item in session.items}

@@ -2,7 +2,7 @@
 
 The suite leaves about a third of this 2-core box idle (waits on process starts, deadlines and
 restarts); scripts that take minutes and need nothing from the suite (the quick benches, the
-baselines' quick arms) run there instead, one at a time at nice 10, in the order launched.
+team study's quick arms) run there instead, one at a time at nice 10, in the order launched.
 tests/conftest.py::pytest_collection_finish launches the jobs the selected tests ask for; each
 such test waits for its own job's result (`result`), bounded by the job's deadline.
 """

@@ -1,6 +1,6 @@
 """majority_vote: k samples of one agent, the most common answer scored.
 
-The inference-time control of a team (docs/results.md, issue 31's baselines): as many model
+The inference-time control of a team (docs/results.md, issue 31's team study): as many model
 calls as the team makes, spent on independent samples instead of roles.
 
 Trace shape: 1 agent (`solver`), k sequences, each a fresh context on the task prompt, sampled at

@@ -10,8 +10,8 @@ With `verdicts=True` the verifier is also asked to end its critique with a verdi
 ("VERDICT: CORRECT" or "VERDICT: WRONG"), and the roles get rewards of their own in
 agent_rewards: the solver the final answer's score, the verifier 1.0 when its verdict is
 right about the draft (0.0 when wrong or missing). The trace reward stays the final answer's.
-Two jobs, two reward streams of different means and spreads: the credit baselines
-(`algorithm.advantage.per_agent_rewards`, docs/results.md) train on them.
+Two jobs, two reward streams of different means and spreads: the team study's credit
+arms (`algorithm.advantage.per_agent_rewards`, docs/results.md) train on them.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ def test_specs_name_weights_per_trained_policy(tmp_path):
     newest = run / "checkpoints" / "step_000004" / "main" / "hf"
     assert weights_for(str(run), ["main"])["main"].model == {"path": str(newest)}  # a run dir: its newest
     assert weights_for(str(newest.parents[1]), ["main"])["main"].source == str(newest)
-    with pytest.raises(ValueError, match=r"--baseline .*has no weights of trained policy 'critic'"):
-        weights_for(str(run), ["main", "critic"], flag="--baseline")
+    with pytest.raises(ValueError, match=r"--reference .*has no weights of trained policy 'critic'"):
+        weights_for(str(run), ["main", "critic"], flag="--reference")
 
 
 @pytest.mark.unit
@@ -92,7 +92,7 @@ def test_only_trained_policies_change_weights(tmp_path):
     "args, message",
     [
         (["--model", "/no/such/checkpoint"], "--model /no/such/checkpoint: no such folder"),
-        (["--baseline", "/tmp"], "--baseline /tmp: the folder holds no config.json"),
+        (["--reference", "/tmp"], "--reference /tmp: the folder holds no config.json"),
         (["eval.size=0"], "eval.size=0: nothing to evaluate"),
         (["eval.size=99"], "eval.size=99 is more than the task's held-out set"),
         (["trainer.stepz=1"], "Could not override 'trainer.stepz'"),
@@ -117,15 +117,15 @@ def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(smoke_run, tmp_pa
     summary = json.loads((run / "summary.json").read_text())
     out = tmp_path / "eval" / "smoke.json"
     proc = evaluate(
-        "experiment=smoke", "--model", str(run), "--baseline", "tiny", "--out", str(out), "--progress-s", "1"
+        "experiment=smoke", "--model", str(run), "--reference", "tiny", "--out", str(out), "--progress-s", "1"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["model"]["reward"] == summary["final_eval_reward"]
-    assert result["baseline"]["reward"] == summary["initial_eval_reward"]
+    assert result["reference"]["reward"] == summary["initial_eval_reward"]
     assert result["eval_paired"] == summary["eval_paired"] and result["eval_paired"]["questions"] == 32
     assert result["model"]["failed"] == 0 and result["model"]["pass_at_k"] == summary["final_eval"]["eval/success"]
-    for label, step in (("model", 20), ("baseline", 0)):  # the same generated tokens, item by item
+    for label, step in (("model", 20), ("reference", 0)):  # the same generated tokens, item by item
         ours = read_jsonl(out.with_suffix(f".{label}.jsonl"))
         runs = read_jsonl(run / f"eval/step_{step}.jsonl")
         assert [(t.id, t.sequences[0].completion_ids) for t in ours] == [

@@ -1,4 +1,4 @@
-"""The baselines' presets (conf/experiment/baseline_*.yaml) and scripts/team_study.py's own logic.
+"""The team study's presets (conf/experiment/study_*.yaml) and scripts/team_study.py's own logic.
 
 Each preset composes and validates, changes from its reference exactly what its arm is about, and
 holds out questions no training draw repeats. The arms themselves run on the tiny model in

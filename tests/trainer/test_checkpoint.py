@@ -188,13 +188,13 @@ def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_w
         learners.train_step(fixed_batch)  # weights of its own, not the base's
         want = {k: v for b in ray.get(learners.export_weights()) for k, v in load(b).items()}
         model_bytes = sum(t.numel() * t.element_size() for t in want.values())
-        # Ray's own ray.get peaks at ~1 MB of the driver's heap for any answer: that is the baseline
-        baseline = driver_peak(learners.param_digests)
+        # Ray's own ray.get peaks at ~1 MB of the driver's heap for any answer: that is the floor
+        floor = driver_peak(learners.param_digests)
         saved = driver_peak(lambda: checkpoint.save_hf(learners, tiny_path, tmp_path / "hf", shard_bytes=300_000))
         folder = tmp_path / "hf"
         report = learners.write_hf(str(tmp_path / "again"), tiny_path, 300_000)
         learner_lp = torch.tensor(learners.logprobs(prompt + completion, len(prompt)))
-    assert saved - baseline < model_bytes / 10, (saved, baseline, model_bytes)
+    assert saved - floor < model_bytes / 10, (saved, floor, model_bytes)
     assert set(report) == {"files", "dtype"} and report["dtype"] == "float32"
     assert report["files"] == {p.name: p.stat().st_size for p in (tmp_path / "again").iterdir()}
     index = json.loads((folder / "model.safetensors.index.json").read_text())

@@ -21,19 +21,19 @@ from tests import lane
 
 pytestmark = pytest.mark.e2e
 
-OUT = Path(tempfile.gettempdir()) / f"tracerl-baselines-quick-{os.getpid()}"
+OUT = Path(tempfile.gettempdir()) / f"tracerl-team-study-quick-{os.getpid()}"
 DEADLINE_S = 1500  # at nice 10 beside the suite (alone: ~6 min)
 
 
 def lane_jobs() -> dict[str, tuple[list[str], float]]:
-    return {"baselines": (["scripts/team_study.py", "--quick", "--seeds", "1", "--out", str(OUT)], DEADLINE_S)}
+    return {"team_study": (["scripts/team_study.py", "--quick", "--seeds", "1", "--out", str(OUT)], DEADLINE_S)}
 
 
 def test_every_arm_trains_and_reaches_the_table():
     try:
-        summary = lane.result("baselines")
+        summary = lane.result("team_study")
         assert summary["arms"] == list(ARMS) and summary["runs"] == len(ARMS) and not summary["failed"], summary
-        rows = {r["arm"]: r for r in json.loads((OUT / "baselines.json").read_text())}
+        rows = {r["arm"]: r for r in json.loads((OUT / "team_study.json").read_text())}
         assert set(rows) == set(ARMS)
         for name, r in rows.items():
             assert r["seed"] == 1 and r["wall_s"] > 0, r
@@ -50,7 +50,7 @@ def test_every_arm_trains_and_reaches_the_table():
             assert set(swap["roles"]) == {"solver", "verifier"}, swap
         vote = rows["single_agent"]["vote"]  # 3 samples a question: more tokens than one greedy answer
         assert vote["generated_tokens_per_item"] > rows["single_agent"]["eval_generated_tokens_per_item"], vote
-        assert 0 <= vote["baseline_reward"] <= 1 and vote["paired"]["questions"] > 0, vote
+        assert 0 <= vote["untrained_reward"] <= 1 and vote["paired"]["questions"] > 0, vote
         for name in ("team_shared", "team_lora", "team_full", "credit_global", "credit_per_agent"):
             assert rows[name]["vs_single"]["questions"] > 0 and "vs_vote" in rows[name], name
         for seat in ("player_a", "player_b"):  # both seats against the untrained model
@@ -62,7 +62,7 @@ def test_every_arm_trains_and_reaches_the_table():
             assert games["before"]["games"] == games["after"]["games"] == rows[name]["paired"]["questions"], games
             assert 0 <= games["after"]["forfeits"] <= 1 and games["after"]["moves"] >= 1, games
         assert not any(key in rows[name] for name in QUICK_NO_EXTRAS for key in ("player_a", "player_b", "swap"))
-        table = (OUT / "baselines.md").read_text()
+        table = (OUT / "team_study.md").read_text()
         assert all(f"| {name} | 1 |" in table for name in ARMS), table
         assert "games lost by an illegal move" in table, table
         assert (OUT / "curves.png").stat().st_size > 1000

@@ -12,6 +12,8 @@ import asyncio
 import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -87,12 +89,78 @@ def pytest_collection_finish(session):
 
 def pytest_sessionfinish(session):
     lane = sys.modules.get("tests.lane")
-    if lane is not None:
-        line = lane.stop()
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:  # the suite's time: the lane's jobs can be its tail
-            reporter.write("\n")  # after the progress dots
-            reporter.write_line(line)
+    if lane is not None:  # the suite's time: the lane's jobs can be its tail
+        MEMORY["lane"] = lane.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The lane's job times and the session's sampled peak memory, the suite's two budgets."""
+    if "lane" in MEMORY:
+        terminalreporter.write_line(MEMORY["lane"])
+    if "peak_gib" in MEMORY:
+        terminalreporter.write_line(
+            f"sampled peak used memory (MemTotal - MemAvailable, every {SAMPLE_S:.0f} s, the whole machine, "
+            f"the lane included): {MEMORY['peak_gib']:.1f} GiB at {MEMORY['peak_at_s']:.0f} s into the session "
+            f"(at its start: {MEMORY['start_gib']:.1f} GiB; the machine has {MEMORY['total_gib']:.1f} GiB)"
+        )
+
+
+# ---- memory: the session's sampled peak; a test that needs much says so ---------------------
+
+SAMPLE_S = 1.0
+MEMORY_WAIT_S = 180  # how long a test that needs memory waits for it (the lane's jobs end, a run ends)
+MEMORY: dict = {}  # the sampler's peak, and the lane's line for the summary
+
+
+def meminfo_gib() -> tuple[float, float]:
+    """(total, available) GiB of the machine, from /proc/meminfo (available: what can be had
+    without swapping, page cache included)."""
+    kib = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, value = line.split(":", 1)
+        kib[key] = int(value.split()[0])
+    return kib["MemTotal"] / 2**20, kib["MemAvailable"] / 2**20
+
+
+def sample_memory(stop: threading.Event) -> None:
+    """The sampler thread: the peak of MemTotal - MemAvailable, system-wide so that the lane's
+    scripts, Ray's workers and the engines' processes all count."""
+    since = time.monotonic()
+    while not stop.wait(SAMPLE_S):
+        total, available = meminfo_gib()
+        if total - available > MEMORY["peak_gib"]:
+            MEMORY.update(peak_gib=total - available, peak_at_s=time.monotonic() - since)
+
+
+def pytest_configure(config):
+    if Path("/proc/meminfo").exists() and "peak_gib" not in MEMORY:
+        total, available = meminfo_gib()
+        MEMORY.update(total_gib=total, start_gib=total - available, peak_gib=total - available, peak_at_s=0.0)
+        threading.Thread(target=sample_memory, args=(threading.Event(),), daemon=True, name="memory").start()
+
+
+def wait_for_memory(who: str, gib: float) -> None:
+    """Return once `gib` GiB are available; after MEMORY_WAIT_S seconds without, fail naming
+    `who`, the need and what was available. Ray's memory monitor kills workers near a full
+    machine, and a test that dies that way reads as a bug of the code it tests."""
+    wait_s = MEMORY_WAIT_S
+    deadline = time.monotonic() + wait_s
+    while (available := meminfo_gib()[1]) < gib and time.monotonic() < deadline:
+        time.sleep(2)  # memory is freed by other processes: nothing to block on
+    if available < gib:
+        total = meminfo_gib()[0]
+        pytest.fail(
+            f"{who} needs {gib:g} GiB of memory available to start; after {wait_s:.0f} s of waiting "
+            f"{available:.1f} of {total:.1f} GiB were: run it when the machine has more free (alone: "
+            f"pytest {who})",
+            pytrace=False,
+        )
+
+
+def pytest_runtest_setup(item):
+    """Before the test's own fixtures start: the memory that its `needs_memory_gb` mark names."""
+    if (mark := item.get_closest_marker("needs_memory_gb")) is not None:
+        wait_for_memory(item.nodeid, mark.args[0])
 
 
 # ---- fixtures: the shared real components ---------------------------------------------

@@ -86,48 +86,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence as Seq
-from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 
 from rollout.trace import Trace
-
-
-class Estimator(StrEnum):
-    grpo = "grpo"  # group mean baseline [/ group std]
-    rloo = "rloo"  # leave-one-out group baseline
-    batch_mean = "batch_mean"  # batch mean baseline [/ batch std]
-    uniform = "uniform"  # no baseline
-
-
-@dataclass
-class AdvantageConfig:
-    """How advantages are computed (config group `algorithm.advantage`)."""
-
-    estimator: Estimator = Estimator.grpo  # the baseline (see Estimator)
-    scale_by_std: bool = True  # grpo / batch_mean: divide by the pool's population std (+ eps)
-    per_agent_rewards: bool = False  # a role's sequences use agent_rewards[role]; baselines per role
-    normalize_per_agent: bool = False  # then divide each role's advantages by its batch std (Dr. MAS)
-    use_turn_rewards: bool = False  # add a sequence's own `reward` to its advantage (no baseline)
-    eps: float = 1e-6  # added to every std before dividing
-    role_baseline: bool = True  # with per_agent_rewards: baselines per role; False: one pool for all roles
-
-    def __post_init__(self) -> None:
-        validate_config(self)
-
-
-def validate_config(cfg: AdvantageConfig) -> None:
-    """Raise ValueError naming the config key for a bad estimator or eps (for configs built in
-    Python; Hydra's schema already rejects both)."""
-    if cfg.estimator not in Estimator.__members__:
-        raise ValueError(
-            f"algorithm.advantage.estimator = {cfg.estimator!r} is not a known advantage "
-            f"estimator; choose one of {list(Estimator)}"
-        )
-    if not np.isfinite(cfg.eps) or cfg.eps < 0:
-        raise ValueError(f"algorithm.advantage.eps = {cfg.eps!r} must be a finite number >= 0")
-
+from trainer.config import AdvantageConfig, Estimator, validate_config
 
 # -- estimators over one pool of rewards ------------------------------------------
 

@@ -8,6 +8,7 @@ starts and raises ValueError naming the key(s) and the fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -24,10 +25,113 @@ from rollout.config import (
     register_configs as register_rollout_configs,
 )
 from rollout.placement import Ask, check_learner_gpus, learner_ask
-from trainer.advantages import AdvantageConfig
-from trainer.learner import PER_ADAPTER, LearnerConfig
-from trainer.losses import LossConfig
-from trainer.weight_sync import SyncConfig, SyncMethod
+from trainer.packing import Normalization
+
+
+# ---- the learner ranks (trainer/learner.py) -----
+class Optimizer(StrEnum):
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+@dataclass
+class LearnerConfig:
+    world_size: int = 2  # DeepSpeed ranks (Ray actors)
+    num_cpus: float = 1.0  # Ray CPUs per rank
+    num_gpus: float = 0.0  # Ray GPUs per rank (1 on GPU machines)
+    torch_threads: int = 0  # CPU: intra-op threads per rank (0: Ray's default, num_cpus)
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources (node placement)
+    zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
+    optimizer: Optimizer = Optimizer.adamw  # a torch optimizer (DeepSpeed's own would g++-build ops)
+    lr: float = 1e-5  # peak learning rate
+    warmup_steps: int = 0  # linear warm-up from 0 to lr
+    weight_decay: float = 0.0  # the optimizer's weight decay (AdamW's decoupled; SGD's L2)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    grad_clip: float = 1.0  # max global grad norm (0 disables)
+    micro_batch_tokens: int = 4096  # padded tokens per forward/backward
+    gradient_checkpointing: bool = False  # trade compute for activation memory
+    dist_timeout_s: float = 600.0  # collective-op timeout
+    # one learner call (train step, weight export, save, load) longer than this stops the run
+    call_timeout_s: float = 1800.0
+    share_lora_base: bool = True  # LoRA policies on one base model train on one set of ranks holding the base once
+
+
+# The learner settings each adapter of a shared group keeps its own (its optimizer's).
+PER_ADAPTER = ("optimizer", "lr", "warmup_steps", "weight_decay", "betas", "grad_clip")
+
+
+# ---- the algorithm: loss (trainer/losses.py) and advantages (trainer/advantages.py) -----
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2  # PPO clip below 1
+    clip_high: float = 0.28  # PPO clip above 1 (DAPO's clip-higher)
+    dual_clip: float = 3.0  # bound on -r*A for negative advantages (0 disables)
+    kl_coef: float = 0.0  # weight of KL to the frozen reference (0: no reference model)
+    temperature: float = 1.0  # logits are divided by this, as the engine sampled
+    normalization: Normalization = Normalization.token  # what a token's loss weight is divided by (trainer/packing.py)
+    constant: float = 1024.0  # the "constant" normalisation's tokens per trace
+
+
+class Estimator(StrEnum):
+    grpo = "grpo"  # group mean baseline [/ group std]
+    rloo = "rloo"  # leave-one-out group baseline
+    batch_mean = "batch_mean"  # batch mean baseline [/ batch std]
+    uniform = "uniform"  # no baseline
+
+
+@dataclass
+class AdvantageConfig:
+    """How advantages are computed (config group `algorithm.advantage`)."""
+
+    estimator: Estimator = Estimator.grpo  # the baseline (see Estimator)
+    scale_by_std: bool = True  # grpo / batch_mean: divide by the pool's population std (+ eps)
+    per_agent_rewards: bool = False  # a role's sequences use agent_rewards[role]; baselines per role
+    normalize_per_agent: bool = False  # then divide each role's advantages by its batch std (Dr. MAS)
+    use_turn_rewards: bool = False  # add a sequence's own `reward` to its advantage (no baseline)
+    eps: float = 1e-6  # added to every std before dividing
+    role_baseline: bool = True  # with per_agent_rewards: baselines per role; False: one pool for all roles
+
+    def __post_init__(self) -> None:
+        validate_config(self)
+
+
+def validate_config(cfg: AdvantageConfig) -> None:
+    """Raise ValueError naming the config key for a bad estimator or eps (for configs built in
+    Python; Hydra's schema already rejects both)."""
+    if cfg.estimator not in Estimator.__members__:
+        raise ValueError(
+            f"algorithm.advantage.estimator = {cfg.estimator!r} is not a known advantage "
+            f"estimator; choose one of {list(Estimator)}"
+        )
+    if not math.isfinite(cfg.eps) or cfg.eps < 0:
+        raise ValueError(f"algorithm.advantage.eps = {cfg.eps!r} must be a finite number >= 0")
+
+
+# ---- weights from the learners to the engines (trainer/weight_sync.py) -----
+class SyncMethod(StrEnum):
+    auto = "auto"  # collective for full weights, object_store for LoRA adapters or if the group cannot form
+    collective = "collective"  # a process group from learner rank 0 to the engines (error if it cannot form)
+    object_store = "object_store"  # safetensors buckets through Ray's object store
+
+
+class Transport(StrEnum):  # trainer/weight_transport.py::choose_transport
+    auto = "auto"
+    ipc = "ipc"
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+@dataclass
+class SyncConfig:
+    method: SyncMethod = SyncMethod.auto  # how weights travel from the learners to the engines
+    # collective's transport per engine worker: auto (ipc on learner rank 0's GPU, nccl on another GPU,
+    # gloo on CPU), or one of ipc / nccl / gloo (an error at start where it cannot work)
+    transport: Transport = Transport.auto
+    bucket_mb: int = 64  # weights per broadcast bucket / per safetensors blob, MiB
+    # collective: every this many pushes rank 0 also exports the weights to the object store, which an
+    # engine that restarts loads (1: every push; k: an engine restarting between snapshots serves an
+    # older version, tagged as such, until the next push reaches it; spares k-1 of k full-weight exports)
+    snapshot_every: int = 1
 
 
 @dataclass

@@ -16,22 +16,10 @@ KL_t is the k3 estimator against a frozen reference (Schulman 2020).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from trainer.packing import Normalization, attention, predecessors
-
-
-@dataclass
-class LossConfig:
-    clip_low: float = 0.2  # PPO clip below 1
-    clip_high: float = 0.28  # PPO clip above 1 (DAPO's clip-higher)
-    dual_clip: float = 3.0  # bound on -r*A for negative advantages (0 disables)
-    kl_coef: float = 0.0  # weight of KL to the frozen reference (0: no reference model)
-    temperature: float = 1.0  # logits are divided by this, as the engine sampled
-    normalization: Normalization = Normalization.token  # what a token's loss weight is divided by (trainer/packing.py)
-    constant: float = 1024.0  # the "constant" normalisation's tokens per trace
+from trainer.config import LossConfig
+from trainer.packing import attention, predecessors
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

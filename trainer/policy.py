@@ -29,11 +29,11 @@ from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Trace
 from trainer import checkpoint
 from trainer.advantages import compute_advantages
-from trainer.config import TrainJobConfig
+from trainer.config import SyncMethod, TrainJobConfig
 from trainer.learner_group import AdapterLearners, LearnerGroup
 from trainer.metrics import advantage_metrics, train_metrics
 from trainer.packing import MicroBatch, Row, build_rows, pack, packing_stats, share_prefixes, token_weights
-from trainer.weight_sync import CollectiveSync, ObjectStoreSync, SyncMethod
+from trainer.weight_sync import CollectiveSync, ObjectStoreSync
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,8 @@ from rollout.engine.args import (
     sampling_params,
 )
 from rollout.trace import Sequence, Trace
-from trainer.losses import LossConfig, microbatch_loss
+from trainer.config import LossConfig
+from trainer.losses import microbatch_loss
 from trainer.packing import build_rows, pack, token_weights
 
 

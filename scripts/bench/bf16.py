@@ -27,10 +27,8 @@ from rollout.config import RayConfig, make_task_source
 from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray
-from trainer.config import compose
-from trainer.learner import LearnerConfig
+from trainer.config import LearnerConfig, LossConfig, compose
 from trainer.learner_group import LearnerGroup
-from trainer.losses import LossConfig
 
 DTYPES = ("float32", "bfloat16")
 

@@ -40,10 +40,9 @@ from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray
 from rollout.orchestration.fleet import RolloutFleet
-from trainer.config import compose
-from trainer.learner import LearnerConfig
+from trainer.config import LearnerConfig, LossConfig, compose
 from trainer.learner_group import LearnerGroup
-from trainer.losses import LossConfig, microbatch_loss
+from trainer.losses import microbatch_loss
 from trainer.packing import packing_stats
 from trainer.policy import TrainedPolicy, trained_policies
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from rollout.trace import Trace
-from trainer.advantages import AdvantageConfig, compute_advantages
-from trainer.losses import LossConfig, microbatch_loss
+from trainer.advantages import compute_advantages
+from trainer.config import AdvantageConfig, LossConfig
+from trainer.losses import microbatch_loss
 from trainer.packing import build_rows, pack, token_weights
 
 pytestmark = pytest.mark.integration

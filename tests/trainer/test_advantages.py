@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from rollout.trace import Sequence, Trace
-from trainer.advantages import AdvantageConfig, advantage_stats, batch_mean, compute_advantages, grpo, rloo, uniform
+from trainer.advantages import advantage_stats, batch_mean, compute_advantages, grpo, rloo, uniform
+from trainer.config import AdvantageConfig
 
 pytestmark = pytest.mark.unit
 

@@ -176,9 +176,8 @@ def test_a_sharded_checkpoint_is_written_by_rank_0_and_loads_with_the_learners_w
     from rollout.config import ModelConfig
     from rollout.orchestration.cluster import spawn_engines
     from tests.conftest import chat_prompt
-    from trainer.learner import LearnerConfig
+    from trainer.config import LearnerConfig, LossConfig
     from trainer.learner_group import LearnerGroup
-    from trainer.losses import LossConfig
 
     prompt = chat_prompt(tiny_tokenizer)
     completion = tiny_tokenizer.encode("The answer is 7.", add_special_tokens=False)
@@ -229,9 +228,8 @@ def test_a_bf16_model_is_exported_and_saved_in_bf16(
     from rollout.config import ModelConfig
     from rollout.orchestration.cluster import spawn_engines
     from tests.conftest import chat_prompt
-    from trainer.learner import LearnerConfig
+    from trainer.config import LearnerConfig, LossConfig
     from trainer.learner_group import LearnerGroup
-    from trainer.losses import LossConfig
     from trainer.weight_sync import ObjectStoreSync
 
     prompt = chat_prompt(tiny_tokenizer)

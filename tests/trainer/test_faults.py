@@ -12,11 +12,9 @@ from rollout.testing.faults import Injector
 from rollout.trace import Sequence, Trace, TraceError
 from tests.conftest import fake_checkpoint, read_metrics
 from trainer import checkpoint
-from trainer.config import compose
-from trainer.learner import LearnerConfig
+from trainer.config import LearnerConfig, LossConfig, compose
 from trainer.learner_group import LearnerGroup
 from trainer.loop import check_failures, train
-from trainer.losses import LossConfig
 from trainer.run_dir import check_run_dir, start_run_dir
 
 

@@ -11,7 +11,8 @@ import torch
 from rollout.agents.client import ChatFormat
 from rollout.trace import Sequence, Trace
 from tests.conftest import hf_logprobs
-from trainer.losses import LossConfig, microbatch_loss
+from trainer.config import LossConfig
+from trainer.losses import microbatch_loss
 from trainer.packing import Normalization, build_rows, pack, packing_stats, share_prefixes, token_weights
 
 pytestmark = pytest.mark.unit

@@ -5,9 +5,9 @@ import pytest
 import ray
 import torch
 
-from trainer.learner import LearnerConfig
+from trainer.config import LearnerConfig, LossConfig
 from trainer.learner_group import LearnerGroup
-from trainer.losses import LossConfig, microbatch_loss
+from trainer.losses import microbatch_loss
 
 pytestmark = pytest.mark.e2e
 

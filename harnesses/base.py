@@ -2,11 +2,12 @@
 
 A harness is a plain async function (or an object with an async `__call__`):
 
-    async def my_harness(task: Task, agents: dict[str, Agent], **options) -> Reward
+    async def my_harness(task: Task, agents: Agents, **options) -> Reward
 
-It calls models only through `agents` (see rollout/agents/client.py), and returns the
-reward of the whole run: a float, a dict role -> reward (per-agent rewards,
-e.g. zero-sum games), or a `HarnessResult` carrying extra info for logs.
+It calls models only through `agents` (role -> `Agent`: `chat`, `conversation`, `generate`; the
+protocols below, which rollout/agents/client.py's classes satisfy), and returns the reward of
+the whole run: a float (or a task's `score`), a dict role -> reward (per-agent rewards, e.g.
+zero-sum games), or a `HarnessResult` carrying extra info for logs.
 
 A `Task` is what a harness is given: a prompt and a verifier (`score`). A
 `TaskSource` makes them: training task `i` for any index `i`, deterministically,
@@ -28,7 +29,7 @@ import math
 import os
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -190,17 +191,162 @@ class TaskSource(ABC):
         )
 
 
+# ---- agents ----------------------------------------------------------------------------
+# What a harness may call on the agents it is given. The rollout worker hands in the classes of
+# rollout/agents/client.py, which harnesses/ may not import (the layers contract): these protocols
+# say the same structurally, so harness code type-checks (`make lint` runs mypy on harnesses/programs/),
+# and tests/harnesses/test_protocols.py checks that the real classes satisfy them.
+
+Message = dict[str, str]  # {"role": ..., "content": ...}
+
+
+class Completion(Protocol):
+    """One model turn that `Agent.generate` returns."""
+
+    @property
+    def completion_ids(self) -> list[int]: ...
+    @property
+    def logprobs(self) -> list[float]: ...  # behaviour log-prob of each generated token
+    @property
+    def finish_reason(self) -> str: ...  # stop | length | abort
+    @property
+    def version(self) -> int: ...  # the weight version that generated it
+
+
+class SamplingSettings(Protocol):
+    """The run's sampling settings (the config's `sampling`) an agent's calls start from; a call's
+    keyword arguments (`max_tokens=64`, `temperature=0.7`, ...) override them for that call."""
+
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def max_tokens(self) -> int: ...  # new tokens per model call
+    @property
+    def stop(self) -> list[str]: ...
+
+
+class ChatFormat(Protocol):
+    """The policy's chat template, rendered to token ids (`Agent.format`)."""
+
+    def render(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
+        """Ids of a fresh prompt: the messages plus the assistant generation header."""
+        ...
+
+    def continuation(self, last_ids: list[int], messages: list[Message]) -> list[int]:
+        """Ids that follow a generated turn ending in `last_ids[-1]`: its close, `messages`, a new header."""
+        ...
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class GatewaySession(Protocol):
+    """One harness run's OpenAI-compatible endpoint (harnesses/programs/openai_agent.py)."""
+
+    @property
+    def api_key(self) -> str: ...  # every request must carry it as `Authorization: Bearer <api_key>`
+    @property
+    def reward_key(self) -> str | None: ...  # POST <base_url>/reward's own key; None: no agent reward
+    @property
+    def reward(self) -> float | None: ...  # what the agent reported, if it did
+
+    def base_url(self, role: str) -> str: ...
+    def reward_url(self, role: str) -> str: ...
+    def counts(self) -> dict[str, int]: ...  # calls by kind, for the trace's info
+
+    def raise_failure(self) -> None:
+        """Raise what failed a request of this session, if anything did (the agent may have
+        swallowed it): an engine failure makes the worker run the episode again."""
+        ...
+
+
+class Gateway(Protocol):
+    """The worker's OpenAI-compatible endpoint, shared by its episodes (`await agent.gateway()`)."""
+
+    def session(
+        self, agents: dict[str, Any], agent_reward: bool = False
+    ) -> contextlib.AbstractContextManager[GatewaySession]:
+        """A session for one harness run, with a base URL for each of `agents`' roles."""
+        ...
+
+
+class Agent(Protocol):
+    """One harness role bound to one policy; every model call is recorded in the trace."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def policy(self) -> str: ...  # the policy this role is played by (the config's agents.<role>)
+    @property
+    def trainable(self) -> bool: ...  # whether that policy is trained (else frozen)
+    @property
+    def max_model_len(self) -> int | None: ...  # the policy's context, tokens (None: unknown)
+    @property
+    def format(self) -> ChatFormat: ...
+    @property
+    def sampling(self) -> SamplingSettings: ...
+    @property
+    def gateway(self) -> Callable[[], Awaitable[Gateway]]: ...
+
+    async def chat(self, messages: str | list[Message], system: str | None = None, **sampling: Any) -> str:
+        """One stateless model call on a fresh context; returns the generated text."""
+        ...
+
+    def conversation(self, system: str | None = None) -> Conversation:
+        """A multi-turn context kept as token ids (each reply extends the previous sequence exactly)."""
+        ...
+
+    async def generate(
+        self, prompt_ids: list[int], parent: int | None = None, **sampling: Any
+    ) -> tuple[Completion, int]:
+        """Low level: one completion of raw prompt ids; returns it and its sequence index in the trace."""
+        ...
+
+
+class Conversation(Protocol):
+    """A multi-turn context of one agent, kept as token ids across turns."""
+
+    @property
+    def agent(self) -> Agent: ...
+    @property
+    def messages(self) -> list[Message]: ...  # text view of the whole conversation
+    @property
+    def num_tokens(self) -> int: ...  # the prompt and completion of the last model turn
+
+    def add(self, role: str, content: str) -> None:
+        """Append a user / tool / system turn without calling the model."""
+        ...
+
+    def prompt_ids(self, content: str | None = None, role: str = "user") -> list[int]:
+        """The ids the next model turn will be generated under (with one more turn, if given)."""
+        ...
+
+    async def reply(self, content: str | None = None, role: str = "user", **sampling: Any) -> str:
+        """Optionally add a turn, then generate the model's next turn; returns its text."""
+        ...
+
+
+Agents = Mapping[str, Agent]  # what a harness is given: role -> agent
+
+
 # ---- harnesses -------------------------------------------------------------------------
+
+
+# A score: a number, or what a task's score() returns for a verifier that asks a model (an LLM
+# judge's pending score), which the rollout worker awaits before the trace is built.
+Score = float | Awaitable[float]
 
 
 @dataclass
 class HarnessResult:
-    reward: float  # reward of the whole trace
-    agent_rewards: dict[str, float] | None = None  # optional role -> reward
+    reward: Score  # reward of the whole trace
+    agent_rewards: dict[str, Score] | None = None  # optional role -> reward
     info: dict[str, Any] = field(default_factory=dict)  # anything worth seeing in the trace viewer
 
 
-Reward = float | int | bool | dict | HarnessResult
+Reward = Score | dict[str, Score] | HarnessResult  # what a harness returns (a bool or an int is a float)
 # The range every reward a harness returns must lie in, by default (the config key harness.reward_range):
 # wide enough for any reward scale a task means; a reward past it is a bug or a hack (rloo and uniform
 # advantages put it into the loss unscaled).
@@ -208,10 +354,13 @@ REWARD_RANGE = (-1e6, 1e6)
 Harness = Callable[..., Awaitable[Reward]]
 
 
-def as_result(value: Reward, reward_range: tuple[float, float] = REWARD_RANGE) -> HarnessResult:
-    """Normalise what a harness returned, checking every field; raise ValueError saying what was
-    wrong (the worker turns it into a failed trace). Every reward must lie in `reward_range`
-    (`harness.reward_range`)."""
+def as_result(value: Any, reward_range: tuple[float, float] = REWARD_RANGE) -> HarnessResult:
+    """Normalise what a harness returned (a `Reward`, its scores settled: harnesses/verifiers/scoring.py),
+    checking every field; raise ValueError saying what was wrong (the worker turns it into a failed
+    trace). Every reward must lie in `reward_range` (`harness.reward_range`)."""
+    reward: Any  # each field as the harness gave it, until checked below
+    agent_rewards: Any
+    info: Any
     if isinstance(value, HarnessResult):
         reward, agent_rewards, info = value.reward, value.agent_rewards, value.info
     elif isinstance(value, dict):

@@ -337,16 +337,18 @@ Agents = Mapping[str, Agent]  # what a harness is given: role -> agent
 # A score: a number, or what a task's score() returns for a verifier that asks a model (an LLM
 # judge's pending score), which the rollout worker awaits before the trace is built.
 Score = float | Awaitable[float]
+# Role -> reward. Both spellings, as a dict is invariant in its values: a dict[str, float] is no dict[str, Score].
+AgentRewards = dict[str, float] | dict[str, Score]
 
 
 @dataclass
 class HarnessResult:
     reward: Score  # reward of the whole trace
-    agent_rewards: dict[str, Score] | None = None  # optional role -> reward
+    agent_rewards: AgentRewards | None = None  # optional role -> reward
     info: dict[str, Any] = field(default_factory=dict)  # anything worth seeing in the trace viewer
 
 
-Reward = Score | dict[str, Score] | HarnessResult  # what a harness returns (a bool or an int is a float)
+Reward = Score | AgentRewards | HarnessResult  # what a harness returns (a bool or an int is a float)
 # The range every reward a harness returns must lie in, by default (the config key harness.reward_range):
 # wide enough for any reward scale a task means; a reward past it is a bug or a hack (rloo and uniform
 # advantages put it into the loss unscaled).

@@ -17,7 +17,7 @@ Reward: the task's verifier on the last step's text (shared).
 
 from __future__ import annotations
 
-from harnesses.base import HarnessResult
+from harnesses.base import Agents, Conversation, HarnessResult, Task
 
 START = (
     "{prompt}\nWork step by step, one short step per reply. When you know the result, write it as the instruction says."
@@ -31,13 +31,13 @@ SUMMARISE = "Your context is almost full. Summarise the work so far in a few sen
 
 
 async def compaction(
-    task, agents, budget_tokens: int = 512, max_steps: int = 8, reply_tokens: int = 64
+    task: Task, agents: Agents, budget_tokens: int = 512, max_steps: int = 8, reply_tokens: int = 64
 ) -> HarnessResult:
     solver = agents["solver"]
     # the summary request after a reply cut at reply_tokens (the template closes that turn too)
     summary_turn = len(solver.format.continuation([], [{"role": "user", "content": SUMMARISE}]))
 
-    def room_to_summarise_after(chat, message: str) -> bool:
+    def room_to_summarise_after(chat: Conversation, message: str) -> bool:
         return len(chat.prompt_ids(message)) + reply_tokens + summary_turn + reply_tokens <= budget_tokens
 
     chat, message = solver.conversation(), START.format(prompt=task.prompt)

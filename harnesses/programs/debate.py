@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import string
 
-from harnesses.base import HarnessResult
+from harnesses.base import Agents, HarnessResult, Task
 
 OPEN = "You are debater {name} in a debate. Solve the problem and state your answer.\n{prompt}"
 REBUT = (
@@ -31,7 +31,9 @@ def debater_roles(debaters: int) -> list[str]:
     return [f"debater_{string.ascii_lowercase[i]}" for i in range(debaters)]
 
 
-async def debate(task, agents, debaters: int = 2, rounds: int = 2, per_debater_rewards: bool = False) -> HarnessResult:
+async def debate(
+    task: Task, agents: Agents, debaters: int = 2, rounds: int = 2, per_debater_rewards: bool = False
+) -> HarnessResult:
     if not 2 <= debaters <= 26 or rounds < 1:
         raise ValueError(f"debate needs 2-26 debaters and >= 1 round; got {debaters}, {rounds}")
     roles = debater_roles(debaters)

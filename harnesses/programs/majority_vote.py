@@ -16,7 +16,7 @@ import asyncio
 import inspect
 from collections import Counter
 
-from harnesses.base import HarnessResult
+from harnesses.base import Agents, HarnessResult, Task
 from harnesses.verifiers.answers import extract_answer
 
 
@@ -30,7 +30,9 @@ def majority(answers: list[str | None]) -> int:
     return next(i for i, a in enumerate(answers) if a is not None and counts[a] == best)
 
 
-async def majority_vote(task, agents, k: int = 3, temperature: float = 0.7, system: str | None = None) -> HarnessResult:
+async def majority_vote(
+    task: Task, agents: Agents, k: int = 3, temperature: float = 0.7, system: str | None = None
+) -> HarnessResult:
     if k < 1 or temperature <= 0:
         raise ValueError(f"majority_vote needs k >= 1 and temperature > 0; got k={k}, temperature={temperature}")
     solver = agents["solver"]

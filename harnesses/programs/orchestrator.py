@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from harnesses.base import HarnessResult
+from harnesses.base import Agents, HarnessResult, Task
 
 PLAN = (
     "{prompt}\n\nYou lead a team of helpers. First split this problem into at most {n} small "
@@ -45,7 +45,7 @@ def subtasks(plan: str, max_subagents: int) -> list[str]:
     return items
 
 
-async def orchestrator(task, agents, max_subagents: int = 3) -> HarnessResult:
+async def orchestrator(task: Task, agents: Agents, max_subagents: int = 3) -> HarnessResult:
     lead = agents["orchestrator"].conversation()
     plan = await lead.reply(PLAN.format(prompt=task.prompt, n=max_subagents))
     questions = subtasks(plan, max_subagents) or [task.question]

@@ -27,9 +27,10 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
-from harnesses.base import HarnessResult
-from harnesses.tasks.story_sum import DEFAULT_INSTRUCTION, read_number
+from harnesses.base import Agents, HarnessResult
+from harnesses.tasks.story_sum import DEFAULT_INSTRUCTION, StorySum, read_number
 from harnesses.verifiers.answers import extract_answer
 from harnesses.verifiers.expressions import MAX_CHARS, ExpressionError, parse_expression
 
@@ -58,6 +59,7 @@ def chain(reply: str, operations: int) -> tuple[str, Fraction, int, list[tuple[s
         value = parse_expression(flat, ("+", "-")).value  # the whitelist grammar, with its size limits
     except ExpressionError:  # e.g. a number of more digits than it allows
         return None
+    assert value is not None, f"{flat!r} has no value: only a division by zero lacks one, and a chain has + and -"
     terms = re.findall(r"\d+|[+-]", flat)
     return flat, value, int(terms[0]), [(terms[i], int(terms[i + 1])) for i in range(1, len(terms), 2)]
 
@@ -68,18 +70,26 @@ def show(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else str(Decimal(value.numerator) / value.denominator)
 
 
-async def relay(task, agents, oracle_calculator: bool = False) -> HarnessResult:
+async def relay(task: StorySum, agents: Agents, oracle_calculator: bool = False) -> HarnessResult:
     operations, gold = len(task.operators), Fraction(task.answer)
     reader_system = READER_SYSTEM.format(example=EXAMPLES[operations])
     reply = await agents["reader"].chat(task.question, system=reader_system)
     parsed = chain(reply, operations)
-    info = {"answer": task.answer, "expression": None, "steps": [], "calculator_right": [], "final": None}
+    info: dict[str, Any] = {
+        "answer": task.answer,
+        "expression": None,
+        "steps": [],
+        "calculator_right": [],
+        "final": None,
+    }
     info["oracle_calculator"] = oracle_calculator
     if parsed is None:
         return HarnessResult(reward=0.0, agent_rewards={"reader": 0.0}, info=info)
     info["expression"], value, first, steps = parsed
     running: Fraction | None = Fraction(first)
     for op, n in steps:
+        if running is None:  # the calculator's last reply held no number: nothing to pass on
+            break
         expression = f"{show(running)} {op} {n}"
         want = running + n if op == "+" else running - n
         info["steps"].append(expression)
@@ -88,8 +98,6 @@ async def relay(task, agents, oracle_calculator: bool = False) -> HarnessResult:
             continue
         running = read_number(await agents["calculator"].chat(CALCULATOR_PROMPT.format(expression=expression)))
         info["calculator_right"].append(running == want)
-        if running is None:  # nothing to pass on
-            break
     rewards = {"reader": float(value == gold)}
     if info["calculator_right"]:
         rewards["calculator"] = sum(info["calculator_right"]) / len(info["calculator_right"])

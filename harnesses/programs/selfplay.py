@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import zlib
 
-from harnesses.base import HarnessResult
+from harnesses.base import Agents, HarnessResult, Task
 
 RULES = (
     "We play Nim. There are {stones} stones. Players take turns removing 1 to {max_take} stones; "
@@ -45,7 +45,7 @@ def parse_move(text: str, stones: int, max_take: int = 3) -> int | None:
     return move if 1 <= move <= min(max_take, stones) else None
 
 
-def start_position(task, min_stones: int, max_stones: int) -> tuple[int, int]:
+def start_position(task: Task, min_stones: int, max_stones: int) -> tuple[int, int]:
     """(stones, max_take): the task's own position if it has one, else a pile from its id and 3."""
     stones, max_take = getattr(task, "stones", None), getattr(task, "max_take", None)
     if stones is not None and max_take is not None:
@@ -53,7 +53,9 @@ def start_position(task, min_stones: int, max_stones: int) -> tuple[int, int]:
     return min_stones + zlib.crc32(str(task.id).encode()) % (max_stones - min_stones + 1), 3
 
 
-async def selfplay(task, agents, min_stones: int = 5, max_stones: int = 15, max_moves: int = 40) -> HarnessResult:
+async def selfplay(
+    task: Task, agents: Agents, min_stones: int = 5, max_stones: int = 15, max_moves: int = 40
+) -> HarnessResult:
     start, max_take = start_position(task, min_stones, max_stones)
     stones = start
     roles = ("player_a", "player_b")

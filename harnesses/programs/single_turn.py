@@ -5,7 +5,9 @@ Trace shape: 1 agent (`solver`), 1 sequence.
 
 from __future__ import annotations
 
+from harnesses.base import Agents, Score, Task
 
-async def single_turn(task, agents, system: str | None = None) -> float:
+
+async def single_turn(task: Task, agents: Agents, system: str | None = None) -> Score:
     answer = await agents["solver"].chat(task.prompt, system=system)
     return task.score(answer)

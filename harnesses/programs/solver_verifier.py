@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 import re
 
-from harnesses.base import HarnessResult
+from harnesses.base import Agents, HarnessResult, Task
 
 SOLVER_SYSTEM = "You are a careful solver. Think briefly, then answer."
 VERIFIER_PROMPT = (
@@ -41,7 +41,9 @@ def verdict(critique: str) -> bool | None:
     return None if last is None else last == "correct"
 
 
-async def solver_verifier(task, agents, system: str = SOLVER_SYSTEM, verdicts: bool = False) -> HarnessResult:
+async def solver_verifier(
+    task: Task, agents: Agents, system: str = SOLVER_SYSTEM, verdicts: bool = False
+) -> HarnessResult:
     solver = agents["solver"].conversation(system=system)
     draft = await solver.reply(task.prompt)
     ask = VERIFIER_PROMPT + (VERDICT_LINE if verdicts else "")

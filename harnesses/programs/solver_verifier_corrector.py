@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from harnesses.base import HarnessResult
+from harnesses.base import Agents, HarnessResult, Task
 
 VERIFY = (
     "Problem: {problem}\n\nProposed answer: {answer}\n\nIf the proposed answer is correct, reply "
@@ -37,7 +37,7 @@ def accepted(verdict: str) -> bool:
     return bool(_ACCEPT.search(verdict)) and "REJECT" not in verdict
 
 
-async def solver_verifier_corrector(task, agents, rounds: int = 2) -> HarnessResult:
+async def solver_verifier_corrector(task: Task, agents: Agents, rounds: int = 2) -> HarnessResult:
     answer = await agents["solver"].chat(task.prompt)
     corrector = agents["corrector"].conversation()
     verdicts = []

@@ -54,7 +54,7 @@ import shlex
 import signal
 import sys
 
-from harnesses.base import HarnessResult, load_object
+from harnesses.base import Agents, HarnessResult, Task, load_object
 
 # The worker's variables a command agent sees (plus LC_* and the names in harness.options.env).
 ENV_ALLOWED = ("PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
@@ -63,8 +63,8 @@ STDERR_TAIL_BYTES = 64 * 2**10  # of a command's stderr, the tail kept for the e
 
 
 async def openai_agent(
-    task,
-    agents,
+    task: Task,
+    agents: Agents,
     agent: str | None = None,
     command: str | list[str] | None = None,
     role: str | None = None,
@@ -74,7 +74,8 @@ async def openai_agent(
 ) -> HarnessResult:
     role = _role(agents, role)
     gateway = await agents[role].gateway()  # the worker's endpoint, handed in with the agents
-    with gateway.session(agents, agent_reward=agent_reward) as session:
+    # a dict, as Gateway.session takes: a harness gets its agents as a read-only Mapping
+    with gateway.session(dict(agents), agent_reward=agent_reward) as session:
         base_url = session.base_url(role)
         try:
             if command is not None:
@@ -83,7 +84,7 @@ async def openai_agent(
                     "OPENAI_API_KEY": session.api_key,
                     "TRACERL_BASE_URLS": json.dumps({r: session.base_url(r) for r in agents}),
                 }
-                if agent_reward:
+                if session.reward_key is not None:  # the session has one exactly when agent_reward is set
                     own |= {"TRACERL_REWARD_URL": session.reward_url(role), "TRACERL_REWARD_KEY": session.reward_key}
                 answer = await run_command(command, task.prompt, agent_env(own, env or ()), timeout_s)
             else:
@@ -106,7 +107,7 @@ async def openai_agent(
         )
 
 
-async def _run_function(fn, task, base_url: str, api_key: str, keys: dict, timeout_s: float):
+async def _run_function(fn, task: Task, base_url: str, api_key: str, keys: dict, timeout_s: float):
     try:
         return await asyncio.wait_for(fn(task, base_url, api_key, **keys), timeout_s)
     except TimeoutError:
@@ -125,7 +126,7 @@ def _agent_function(path: str):
     return load_object(path, "harness.options.agent")
 
 
-def _role(agents, role: str | None) -> str:
+def _role(agents: Agents, role: str | None) -> str:
     if role is None:
         if len(agents) != 1:
             raise ValueError(
@@ -158,7 +159,7 @@ def check_options(options: dict) -> None:
                 f"harness.options.agent_reward=true: the agent function {agent!r} must take a reward_key "
                 f"argument, (task, base_url, api_key, reward_key): the key it reports its reward with"
             )
-    else:
+    elif command is not None:
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
             raise ValueError("harness.options.command is empty")

@@ -10,8 +10,9 @@
 #
 # Stages, always in this order (STAGES picks some, comma- or space-separated; default all):
 #   env        nvidia-smi, driver, python, torch (CUDA, devices), gcc, package registry reachable?
-#   transport  scripts/gpu_check_transport.py: torch and rollout/weights/transport.py only, so it runs
-#              on a box that has nothing but torch; writes $OUT/transport.json
+#   transport  scripts/gpu_check_transport.py: torch, rollout/engine/weight_group.py and
+#              trainer/weight_transport.py only, so it runs on a box that has nothing but torch;
+#              writes $OUT/transport.json
 #   ipc        scripts/gpu_check_ipc.py: the same-GPU (CUDA IPC) path as production uses it (the plan
 #              relayed, members that keep tensors, two members, reopen, a member's death, vLLM-like
 #              neighbours, memory fit, allocator settings, big layouts, two NCCL ranks on one GPU),

@@ -2,8 +2,8 @@
 
 Learner rank 0 and the engine workers are stood in for by processes (scripts/gpu_check_ipc_roles.py;
 multiprocessing spawn; on a GPU each masked to GPU 0 before CUDA starts, as Ray masks them) that open
-real WeightGroups (rollout/weights/group.py). Every push carries new bytes (seeded by version, bucket and tensor),
-and the plan goes sender -> this process (unpickled and pickled again, never starting CUDA here, as
+real WeightGroups (rollout/engine/weight_group.py). Every push carries new bytes (seeded by version, bucket and
+tensor), and the plan goes sender -> this process (unpickled and pickled again, never starting CUDA here, as
 Ray's driver relays it) -> bytes -> each member. One JSON line per case as it ends, each case under
 its own deadline, then a last line with every case's status:
 
@@ -45,8 +45,9 @@ from pathlib import Path
 
 import torch
 
-from rollout.weights.transport import choose_transports, offsets
+from rollout.engine.weight_group import offsets
 from scripts.gpu_check_ipc_roles import child, layout_of, nbytes_of
+from trainer.weight_transport import choose_transports
 
 CASES = ("env", "hop", "retain", "members2", "reopen", "death", "vllm-like", "fit", "expandable", "big", "dupgpu")
 GPU_ONLY = {"fit", "expandable", "dupgpu"}

@@ -2,7 +2,8 @@
 worker (`member`), a neighbour computing on the device (`load`), and the machine-level cases' own
 (`fit`, `nccl_pair`, `environment`). Each is `child(role's name, spec, inbox, outbox)` in a spawned
 process: it reports one result (or what it crashed with) on `outbox`; plans and "done" come on `inbox`.
-Torch and rollout/weights only, like the script.
+Torch and the weight push's two modules only (rollout/engine/weight_group.py, trainer/weight_transport.py),
+like the script.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from rollout.weights.group import WeightGroup
-from rollout.weights.transport import GroupPlan, device_identity, staging_for
+from rollout.engine.weight_group import GroupPlan, WeightGroup, device_identity
+from trainer.weight_transport import staging_for
 
 SHARES = {"sender": 0.4, "member": 0.25}  # cluster=gpu: learner.num_gpus, engine.gpu_memory_utilization
 DTYPES = ("bfloat16", "float32")

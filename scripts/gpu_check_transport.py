@@ -1,4 +1,5 @@
-"""Stage 1 of scripts/gpu_check.sh: the weight transport alone, torch and rollout/weight_*.py only.
+"""Stage 1 of scripts/gpu_check.sh: the weight transport alone, torch, rollout/engine/weight_group.py and
+trainer/weight_transport.py only.
 
 Learner rank 0 and engine workers are stood in for by plain processes that open a real
 `WeightGroup` and push a model-sized set of tensors (other bytes in every push, so each receiver
@@ -29,10 +30,10 @@ from pathlib import Path
 
 import torch
 
+from rollout.engine.weight_group import GroupPlan, WeightGroup, device_identity
 from rollout.log import setup_logging
-from rollout.weights.group import WeightGroup
-from rollout.weights.transport import GroupPlan, choose_transport, device_identity, staging_for
 from scripts.gpu_check_ipc_roles import bucket_data, layout_of, same_bytes
+from trainer.weight_transport import choose_transport, staging_for
 
 
 def tensors_of(layout: list, device, version: int) -> list[list]:

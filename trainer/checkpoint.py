@@ -109,7 +109,7 @@ def save_hf(
 
 def save_adapter(learners: LearnerGroup, base_model: str | Path, out: str | Path) -> Path:
     """Write a LoRA policy's adapter as a PEFT folder (its base: `base_model`)."""
-    from rollout.weights.lora_names import write_adapter
+    from rollout.engine.lora_names import write_adapter
 
     [buckets] = learners.collect("export_weights", [learners.export_weights()])
     write_adapter(out, learners.lora, str(base_model), buckets)

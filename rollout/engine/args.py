@@ -92,7 +92,7 @@ def engine_args(
     _vllm_env(cfg.vllm_log_level)
     from vllm import AsyncEngineArgs
 
-    from rollout.weights.lora_names import vllm_max_rank
+    from rollout.engine.lora_names import vllm_max_rank
 
     lora = (
         {

@@ -318,7 +318,7 @@ class Engine:
 
     @_dies_with_core
     async def weight_identities(self) -> list[str]:
-        """Each worker's device (rollout/weights/transport.py::device_identity), in tensor-parallel
+        """Each worker's device (rollout/engine/weight_group.py::device_identity), in tensor-parallel
         rank order: what the weight group's transport for it is chosen from."""
         from rollout.engine.worker_ext import WeightSyncExtension
 
@@ -356,7 +356,7 @@ class Engine:
         its entries for this adapter's id came from the old weights."""
         from vllm.lora.request import LoRARequest
 
-        from rollout.weights.lora_names import write_adapter
+        from rollout.engine.lora_names import write_adapter
 
         folder = self._adapter_dir / policy
         lora_id = sorted(self.adapters).index(policy) + 1

@@ -54,17 +54,17 @@ class WeightSyncExtension:
 
     def tracerl_device_identity(self) -> str:
         """This worker's device, for the transport learner rank 0 sends it weights over."""
-        from rollout.weights.transport import device_identity
+        from rollout.engine.weight_group import device_identity
 
         return device_identity(self._tracerl_device())
 
     def tracerl_open_weight_group(self, plan: bytes, first_member: int, timeout_s: float) -> str:
-        """Join the policy's weight group (rollout/weights/group.py) as member `first_member` + this
+        """Join the policy's weight group (rollout/engine/weight_group.py) as member `first_member` + this
         worker's tensor-parallel rank (each worker of an engine receives the full weights); returns
         the transport the plan (pickled by our Engine actor) gives it."""
         import pickle
 
-        from rollout.weights.group import WeightGroup
+        from rollout.engine.weight_group import WeightGroup
 
         plan = pickle.loads(plan)
         old, self._tracerl_group = getattr(self, "_tracerl_group", None), None

@@ -19,10 +19,10 @@ import ray
 
 from rollout.config import EngineConfig, LoraConfig, ModelConfig, RayConfig, RolloutJobConfig
 from rollout.engine.engine import Engine
+from rollout.engine.weight_store import WeightStore
 from rollout.orchestration.buffer import TraceBuffer
 from rollout.orchestration.worker import RolloutWorker
 from rollout.placement import Ask, actor_options, check_gpu_count, visible_gpus
-from rollout.weights.store import WeightStore
 
 log = logging.getLogger(__name__)
 

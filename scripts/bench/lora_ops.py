@@ -28,9 +28,9 @@ import torch
 
 from rollout.config import EngineConfig, LoraConfig
 from rollout.engine.args import engine_args
+from rollout.engine.lora_names import peft_config
 from rollout.log import setup_logging
 from rollout.models import resolve_model
-from rollout.weights.lora_names import peft_config
 
 
 def random_adapters(model_path: str, lora: LoraConfig, folder: str) -> dict[str, str]:

@@ -5,7 +5,8 @@ import socket
 import pytest
 import torch
 
-from rollout.weights.transport import ALIGN, GroupPlan, choose_transport, choose_transports, device_identity, offsets
+from rollout.engine.weight_group import ALIGN, GroupPlan, device_identity, offsets
+from trainer.weight_transport import choose_transport, choose_transports
 
 pytestmark = pytest.mark.unit
 
@@ -116,8 +117,8 @@ def test_two_receivers_keep_every_tensor_of_every_version_and_each_holds_its_own
     overwritten by a later bucket or version (GPU review §5.2)."""
     import threading
 
-    from rollout.weights.group import WeightGroup
-    from rollout.weights.transport import staging_for
+    from rollout.engine.weight_group import WeightGroup
+    from trainer.weight_transport import staging_for
 
     layout = [[(f"w{k}.{j}", [64, 8 + j], ("float32", "bfloat16")[j % 2]) for j in range(3)] for k in range(4)]
     versions = [1, 2, 3]

@@ -1,8 +1,8 @@
 """scripts/gpu_check.sh, the GPU readiness check, run here in its CPU form.
 
 The env, transport and ipc stages run for real on this machine (the transport in its gloo form, with
-torch and rollout/weights/transport.py only; scripts/gpu_check_ipc.py's cases over POSIX shared
-memory, its GPU-only cases skipped). The script's own machinery — a stage that fails, one
+torch, rollout/engine/weight_group.py and trainer/weight_transport.py only; scripts/gpu_check_ipc.py's
+cases over POSIX shared memory, its GPU-only cases skipped). The script's own machinery — a stage that fails, one
 that overruns its deadline (and a process of it that left its process group), one skipped for
 lack of budget, an unknown stage name — is driven through PYTHON= pointing at a small shell
 script standing in for the interpreter, so those cases are exact and cost seconds.

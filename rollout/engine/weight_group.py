@@ -1,10 +1,13 @@
-"""One member's end of a policy's weight group (rollout/weights/transport.py says who takes what).
+"""A policy's weight group, joined by both ends of the weight push: learner rank 0 sends, engine workers receive.
 
-Member 0, learner rank 0, hosts the TCPStore and `send`s; every engine worker `receive`s. The
-process group (nccl or gloo members) carries one broadcast per tensor; the ipc members read each
-bucket from one of rank 0's two staging buffers, announced and acknowledged through the store, so
-rank 0 fills one buffer while the members clone the other. Every wait ends at the group's
-`timeout_s` with an error that names what did not arrive. Needs torch only.
+Member 0, learner rank 0, hosts the TCPStore and `send`s; every engine worker `receive`s (in vLLM's
+worker process: rollout/engine/worker_ext.py). Which transport each member takes, and rank 0's
+staging buffers, are the sender's business (trainer/weight_transport.py); the plan it hands every
+member, the bucket layout and the buffers' addresses are here. The process group (nccl or gloo
+members) carries one broadcast per tensor; the ipc members read each bucket from one of rank 0's two
+staging buffers, announced and acknowledged through the store, so rank 0 fills one buffer while the
+members clone the other. Every wait ends at the group's `timeout_s` with an error that names what did
+not arrive. Needs torch only.
 """
 
 from __future__ import annotations
@@ -12,9 +15,113 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import socket
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 
-from rollout.weights.transport import OPEN_TIMEOUT_S, GroupPlan, Layout, attach, dtype_of, offsets, release
+Layout = list[list[tuple[str, list[int], str]]]  # buckets of (name, shape, dtype name)
+
+OPEN_TIMEOUT_S = 60.0  # all members must have joined by then (they start joining together)
+ALIGN = 256  # bytes: each tensor of a bucket starts on this boundary of a staging buffer
+
+
+def device_identity(device) -> str:
+    """What the sender's `choose_transport` (trainer/weight_transport.py) compares: `cuda:<GPU UUID>`
+    (the same physical GPU whatever the process's CUDA_VISIBLE_DEVICES) or `cpu:<host>` (the host's
+    boot id: the same machine)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_properties(device).uuid}"
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            host = f.read().strip()
+    except OSError:
+        host = socket.gethostname()
+    return f"{device.type}:{host}"
+
+
+def offsets(bucket) -> tuple[list[int], int]:
+    """Byte offsets of a bucket's tensors in a staging buffer, and the bytes it needs."""
+    starts, end = [], 0
+    for _, shape, dtype in bucket:
+        starts.append(end)
+        end += -(-math.prod(shape) * dtype_of(dtype).itemsize // ALIGN) * ALIGN
+    return starts, end
+
+
+@dataclass
+class GroupPlan:
+    """Who joins a policy's weight group and how: `transports[m]` is member m+1's."""
+
+    host: str
+    port: int
+    transports: list[str]
+    # rank 0's two staging buffers, shared (trainer/weight_transport.py::share)
+    buffers: list = field(default_factory=list)
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if "nccl" in self.transports and "gloo" not in self.transports else "gloo"
+
+    def pg_rank(self, member: int) -> int | None:
+        """Member's rank in the process group (rank 0 is 0; ipc members are not in it)."""
+        if member == 0:
+            return 0
+        if self.transports[member - 1] == "ipc":
+            return None
+        return 1 + sum(t != "ipc" for t in self.transports[: member - 1])
+
+    @property
+    def pg_world(self) -> int:
+        return 1 + sum(t != "ipc" for t in self.transports)
+
+
+def attach(handle: tuple, device):
+    """Open a buffer `share`d by rank 0, in this process (on `device`, the same physical one)."""
+    import torch
+
+    if handle[0] == "cuda":
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        args = list(handle[1])
+        args[6] = torch.device(device).index  # the sender's device number is not necessarily ours
+        return rebuild_cuda_tensor(*args)
+    import mmap
+    import os
+
+    # mapped by hand, not with shared_memory.SharedMemory: the block is rank 0's, and Python 3.11's
+    # resource tracker would unlink it when this process exits
+    fd = os.open(f"/dev/shm/{handle[1].lstrip('/')}", os.O_RDWR)
+    try:
+        block = mmap.mmap(fd, handle[2])
+    finally:
+        os.close(fd)
+    buffer = torch.frombuffer(block, dtype=torch.uint8, count=handle[2])
+    buffer.shm = block
+    return buffer
+
+
+def release(buffers: list, owner: bool) -> None:
+    """Drop staging buffers; the owner (rank 0) also frees a CPU buffer's shared memory block."""
+    blocks = [getattr(b, "shm", None) for b in buffers]
+    buffers.clear()
+    for block in blocks:
+        if block is None:
+            continue
+        try:
+            block.close()  # a view still held elsewhere keeps the mapping until it goes
+        except BufferError:
+            pass
+        if owner:
+            block.unlink()
+
+
+def dtype_of(name: str):
+    import torch
+
+    return getattr(torch, name.removeprefix("torch."))
 
 
 class WeightGroup:

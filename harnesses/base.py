@@ -444,6 +444,30 @@ def load_harness(target: str) -> Harness:
     return obj
 
 
+# A harness's own check of its options (the hook `register_options_check` fills): harness -> check.
+_OPTION_CHECKS: dict[Any, Callable[[dict], None]] = {}
+
+
+def register_options_check(harness: Any, check: Callable[[dict], None]) -> None:
+    """Give `harness` (an async function, or a harness class) a check of its `harness.options`
+    beyond what its signature says (one of two options set, a value's range, a path that must
+    import). `check(options)` runs when the config is validated, before Ray starts, and raises
+    ValueError naming `harness.options.<key>` and the fix. Call it once, below the harness."""
+    _OPTION_CHECKS[harness] = check
+
+
+def check_harness_options(harness: Any, options: dict, target: str) -> None:
+    """`options` fit the harness `load_harness(target)` returned: its signature takes them, and
+    its registered check (register_options_check), if any, passes."""
+    try:
+        inspect.signature(harness).bind(None, None, **options)
+    except TypeError as e:
+        raise ValueError(f"harness.options={options} do not fit harness {target!r}: {e}") from None
+    check = _OPTION_CHECKS.get(harness if inspect.isfunction(harness) else type(harness))
+    if check is not None:
+        check(options)
+
+
 def load_task_source(target: str) -> type[TaskSource]:
     """Import the task source class named by `task._target_`."""
     cls = load_object(target, "task._target_")

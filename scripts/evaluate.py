@@ -41,7 +41,8 @@ from rollout.orchestration.cluster import start_ray
 from rollout.placement import pick_cluster, visible_gpus
 from rollout.trace import Trace, write_jsonl
 from rollout.viewer import build_view, load_decode, render_page
-from trainer.config import TrainJobConfig, compose, validate
+from trainer.checks import validate
+from trainer.config import TrainJobConfig, compose
 from trainer.evaluation import Weights, eval_sampling, evaluate_weights, report, weights_for, with_weights
 from trainer.metrics import paired_comparison, write_atomic
 

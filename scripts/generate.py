@@ -20,7 +20,8 @@ import time
 import hydra
 from omegaconf import DictConfig
 
-from rollout.config import GenerateJobConfig, register_configs, validate
+from rollout.checks import validate
+from rollout.config import GenerateJobConfig, register_configs
 from rollout.log import setup_logging
 from rollout.orchestration.cluster import run_job, start_ray
 from rollout.orchestration.fleet import RolloutFleet

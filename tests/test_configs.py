@@ -9,8 +9,10 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from harnesses.base import load_harness, normalize_question
-from rollout.config import GenerateJobConfig, make_task_source, validate as validate_generate
-from trainer.config import TrainJobConfig, compose, validate as validate_train
+from rollout.checks import validate as validate_generate
+from rollout.config import GenerateJobConfig, make_task_source
+from trainer.checks import validate as validate_train
+from trainer.config import TrainJobConfig, compose
 
 pytestmark = pytest.mark.unit
 

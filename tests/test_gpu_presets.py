@@ -18,7 +18,8 @@ from rollout.placement import (
     pick_cluster,
     unusable_gpus,
 )
-from trainer.config import compose, validate
+from trainer.checks import validate
+from trainer.config import compose
 
 pytestmark = pytest.mark.unit
 

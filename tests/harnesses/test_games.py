@@ -14,7 +14,8 @@ from harnesses.base import as_result, normalize_question
 from harnesses.programs.selfplay import parse_move, selfplay
 from harnesses.tasks.games import DEFAULT_PARAMS, NimPosition, NimPositions
 from rollout.config import make_task_source
-from trainer.config import compose, validate
+from trainer.checks import validate
+from trainer.config import compose
 
 PRESETS = ("study_selfplay", "study_selfplay_no_role_baseline")
 

@@ -108,7 +108,8 @@ def test_scoring_outside_an_episode_says_where_it_runs():
 
 @pytest.mark.unit
 def test_a_judge_on_a_trained_policy_or_unmapped_is_refused_at_start():
-    from trainer.config import compose, validate
+    from trainer.checks import validate
+    from trainer.config import compose
 
     base = ["experiment=smollm2_single_turn", "task=file", "task.params.verifier=judge"]
     with pytest.raises(ValueError, match=r"add \+agents.judge=frozen"):

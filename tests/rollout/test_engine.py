@@ -291,7 +291,8 @@ def test_engine_args_on_gpu_size_the_kv_cache_and_keep_tensor_parallel_workers_l
 
 @pytest.mark.unit
 def test_a_kv_cache_left_to_vllm_is_refused_on_cpu_naming_the_key():
-    from trainer.config import compose, validate
+    from trainer.checks import validate
+    from trainer.config import compose
 
     with pytest.raises(ValueError, match=r"engine.kv_cache_gb=null .* is for GPU engines: set engine.kv_cache_gb"):
         validate(compose("train", ["engine.kv_cache_gb=null"]))

@@ -186,7 +186,8 @@ def test_a_rollout_worker_fails_a_trace_whose_reward_is_outside_harness_reward_r
     ],
 )
 def test_reward_settings_are_checked_at_start_naming_the_key(overrides, msg):
-    from trainer.config import compose, validate
+    from trainer.checks import validate
+    from trainer.config import compose
 
     with pytest.raises((ValueError, ConfigCompositionException), match=msg):
         validate(compose("train", overrides))

@@ -20,7 +20,8 @@ from harnesses.programs.solver_verifier import SOLVER_SYSTEM
 from rollout.config import make_task_source
 from rollout.trace import Sequence, Trace
 from scripts.relay import CONDITIONS, gate, item, seeds_needed, tokens
-from trainer.config import compose, validate
+from trainer.checks import validate
+from trainer.config import compose
 
 ARMS = ("single_agent", "team_shared", "team_lora")
 

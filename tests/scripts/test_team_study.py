@@ -16,7 +16,8 @@ from harnesses.programs.solver_verifier import SOLVER_SYSTEM
 from rollout.config import make_task_source
 from rollout.trace import Trace
 from scripts.team_study import ARMS, QUICK, game_stats, grad_spikes, pick_arms
-from trainer.config import compose, validate
+from trainer.checks import validate
+from trainer.config import compose
 
 pytestmark = pytest.mark.unit
 

@@ -2,7 +2,7 @@
 #   make train   # the main training job on the embedded default (CPU, in-process Ray)
 #   make test       # the whole test suite: every tier (unit, integration, e2e; see pyproject.toml), on vLLM's CPU build
 #   make test-fast  # unit + integration: only the session's shared engines, nothing started per test
-#   make lint       # ruff (lint + format check) and the import layers (import-linter); CI runs it after make test
+#   make lint       # ruff (lint + format check), the import layers (import-linter) and the harness types (mypy); CI runs it after make test
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export TRACERL_CACHE ?= $(HOME)/.cache/tracerl
@@ -25,9 +25,10 @@ test:
 test-fast:
 	@py=$(TEST_PY) && set -x && $$py -m pytest tests -q -m "unit or integration" $(PYTEST_ARGS)
 
-# ruff's rules and format, and the layers trainer > rollout > harnesses (pyproject.toml: [tool.ruff], [tool.importlinter]).
+# ruff's rules and format, the import layers, and the harness API's types: harnesses/base.py and the programs
+# (pyproject.toml: [tool.ruff], [tool.importlinter], [tool.mypy]).
 lint: setup
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports && $(VENV)/bin/mypy
 
 # SmolLM2-135M-Instruct as solver and verifier on reasoning-gym chain_sum (conf/experiment/).
 train: setup

@@ -18,12 +18,13 @@ import json
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from rollout.log import setup_logging
 from rollout.orchestration.cluster import run_job
 from rollout.placement import with_cluster_for_this_machine
-from trainer.config import compose, register_configs
+from trainer.config import TrainJobConfig, check_experiment_task, compose, register_configs
 from trainer.loop import check, train
 
 register_configs()
@@ -31,7 +32,13 @@ register_configs()
 
 @hydra.main(version_base=None, config_path="../conf", config_name="train")
 def main(dcfg: DictConfig) -> None:
-    print(json.dumps(run_job(dcfg, check, train)))  # the summary: the last line of output
+    choices = dict(HydraConfig.get().runtime.choices)
+
+    def check_all(cfg: TrainJobConfig) -> None:
+        check_experiment_task(choices)  # the experiment's task keys meet the task the user picked
+        check(cfg)
+
+    print(json.dumps(run_job(dcfg, check_all, train)))  # the summary: the last line of output
 
 
 if __name__ == "__main__":

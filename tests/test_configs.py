@@ -12,7 +12,7 @@ from harnesses.base import load_harness, normalize_question
 from rollout.checks import validate as validate_generate
 from rollout.config import GenerateJobConfig, make_task_source
 from trainer.checks import validate as validate_train
-from trainer.config import TrainJobConfig, compose
+from trainer.config import TrainJobConfig, compose, experiment_task
 
 pytestmark = pytest.mark.unit
 
@@ -84,6 +84,34 @@ def test_solver_verifier_defaults_and_frozen_override():
     cfg = compose("generate", ["harness=solver_verifier", "agents.verifier=frozen", "num_traces=8"])
     assert cfg.agents == {"solver": "main", "verifier": "frozen"}
     assert cfg.num_traces == 8 and cfg.harness._target_.endswith("solver_verifier")
+
+
+def test_a_task_picked_on_the_command_line_replaces_the_experiments():
+    """`task=file` after an experiment is the task the run trains on: the experiment's own task
+    choice (its defaults list) gives way, and none of its task keys stay behind."""
+    file_task = compose("train", ["task=file", "task.params.path=my.csv"]).task
+    for experiment in ("smoke", "smollm2_solver_verifier", "smollm2_debate_lora"):
+        task = compose("train", [f"experiment={experiment}", "task=file", "task.params.path=my.csv"]).task
+        assert task == file_task, experiment
+
+
+def test_an_experiments_own_task_keys_with_another_task_fail_naming_the_preset():
+    # relay_team_shared sets task.params.operations itself (for story_sum), relay_team_lora extends it;
+    # study_selfplay holds out 24 of task=nim_short's positions
+    for experiment, key, task in [
+        ("relay_team_shared", "task.params.operations", "story_sum"),
+        ("relay_team_lora", "task.params.operations", "story_sum"),
+        ("study_selfplay", "task.eval_size", "nim_short"),
+    ]:
+        with pytest.raises(ValueError, match=f"experiment={experiment} sets {key} for its task \\({task}\\)"):
+            compose("train", [f"experiment={experiment}", "task=file"])
+        compose("train", [f"experiment={experiment}", f"task={task}"])  # its own task, named: as it is
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_an_experiment_that_sets_task_keys_picks_its_task_in_its_defaults(experiment):
+    task, keys = experiment_task(experiment)
+    assert task is not None or not keys, f"{experiment} sets {keys} without `override /task:` in its defaults"
 
 
 def test_unknown_key_fails_naming_it():

@@ -239,11 +239,56 @@ def register_configs() -> None:
 
 def compose(config_name: str = "train", overrides: list[str] = ()) -> TrainJobConfig | GenerateJobConfig:
     """conf/<config_name>.yaml with hydra `overrides`, as the typed config object (for benches and
-    tests; the scripts get the same from @hydra.main)."""
+    tests; the scripts get the same from @hydra.main); ValueError where an experiment preset's own
+    task settings meet a task the command line picked (check_experiment_task)."""
     from hydra import compose as hydra_compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
 
     register_rollout_configs()
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return OmegaConf.to_object(hydra_compose(config_name, overrides=list(overrides)))
+        dcfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    check_experiment_task(dict(dcfg.hydra.runtime.choices))
+    with open_dict(dcfg):
+        del dcfg["hydra"]
+    return OmegaConf.to_object(dcfg)
+
+
+def check_experiment_task(choices: dict[str, str | None]) -> None:
+    """An experiment never silently overrides what the user picks: the `task.*` keys an experiment
+    preset sets itself belong to the task its defaults list picks, so with another task (`task=`
+    on the command line) they are an error naming the preset, not keys quietly merged into (or
+    dropped from) the user's task. `choices`: Hydra's group choices (hydra.runtime.choices)."""
+    experiment = choices.get("experiment")
+    if not experiment:
+        return
+    task, keys = experiment_task(experiment)
+    if keys and choices.get("task") != task:
+        raise ValueError(
+            f"experiment={experiment} sets {', '.join(f'task.{k}' for k in keys)} for its task ({task}), "
+            f"which cannot apply to task={choices.get('task')}: drop task= to run the experiment as it is, "
+            f"or give the task's keys yourself without experiment={experiment}"
+        )
+
+
+def experiment_task(experiment: str) -> tuple[str | None, list[str]]:
+    """The task conf/experiment/<experiment>.yaml picks (its defaults list's `override /task`, or
+    that of a preset it extends) and the task keys it sets itself (and those it extends do)."""
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "experiment" / f"{experiment}.yaml"))
+    task, keys = None, []
+    for entry in conf.get("defaults", []):
+        if isinstance(entry, dict):
+            task = entry.get("override /task", task)
+        elif entry != "_self_":  # a preset this one extends: its task and keys, then this one's
+            task, keys = experiment_task(entry)
+    return task, keys + _dotted_keys(conf.get("task", {}))
+
+
+def _dotted_keys(node: dict, prefix: str = "") -> list[str]:
+    return [
+        key
+        for name, value in node.items()
+        for key in (_dotted_keys(value, f"{prefix}{name}.") if isinstance(value, dict) and value else [prefix + name])
+    ]

@@ -85,6 +85,31 @@ def test_the_contracts_match_these_lists():
     assert any(c["layers"] == list(LAYERS) and "containers" not in c for c in contracts)
 
 
+def test_the_development_tree_names_every_module():
+    """docs/development.md's tree has one line per module of the packages and scripts/ (the package
+    __init__.py files left out), and no line for a module that is gone."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "development.md").read_text()
+    tree = text.split("## The tree", 1)[1].split("```", 2)[1]
+    listed, folders = set(), []
+    for line in tree.splitlines():
+        if not (m := re.match(r"( *)(\S+)", line)):
+            continue
+        depth, name = len(m.group(1)) // 2, m.group(2)
+        folders[depth:] = [name] if name.endswith("/") else []
+        if name.endswith(".py"):
+            listed.add("".join(folders[:depth]) + name)
+    modules = {
+        str(p.relative_to(root))
+        for top in ("rollout", "trainer", "harnesses", "scripts")
+        for p in (root / top).rglob("*.py")
+        if p.name != "__init__.py"
+    }
+    assert listed == modules, f"missing from the tree: {sorted(modules - listed)}; gone: {sorted(listed - modules)}"
+
+
 def test_the_graph_counts_lazy_imports(graph):
     """An import inside a function is an edge too (trainer/evaluation.py imports the fleet lazily)."""
     [detail] = graph.get_import_details(importer="trainer.evaluation", imported="rollout.orchestration.fleet")

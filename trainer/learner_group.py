@@ -16,11 +16,11 @@ import os
 
 import ray
 
+from rollout.engine.weight_group import Layout
 from rollout.orchestration.cluster import await_started
 from rollout.placement import actor_options
-from rollout.weights.transport import Layout
-from trainer.learner import ALLOC_CONF_VARS, Learner, LearnerConfig, learner_env
-from trainer.losses import LossConfig
+from trainer.config import LearnerConfig, LossConfig
+from trainer.learner import ALLOC_CONF_VARS, Learner, learner_env
 from trainer.packing import MicroBatch, shard
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class LearnerGroup:
         return self.collect("weight_address", [self.ranks[0].master_address.remote()])[0]
 
     def weight_identity(self) -> str:
-        """Rank 0's device identity (rollout/weights/transport.py::device_identity)."""
+        """Rank 0's device identity (rollout/engine/weight_group.py::device_identity)."""
         return self.collect("weight_identity", [self.ranks[0].weight_identity.remote()])[0]
 
     def prepare_weight_group(self, plan, layout: Layout, timeout_s: float):

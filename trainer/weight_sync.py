@@ -4,7 +4,7 @@
 every engine worker of the policy form one weight group, and rank 0 sends the
 parameters straight from its module into the engines, which load them in place
 with vLLM's layerwise reload. Each worker's transport comes from its device and
-rank 0's (rollout/weights/transport.py): CUDA IPC on the same GPU, NCCL on
+rank 0's (trainer/weight_transport.py): CUDA IPC on the same GPU, NCCL on
 another GPU, gloo on CPU. No serialisation, no object store on the way.
 
 `ObjectStoreSync` works everywhere and carries LoRA adapters: learner rank 0
@@ -21,66 +21,27 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 import ray
 
-from rollout.weights.transport import OPEN_TIMEOUT_S, GroupPlan, Layout, choose_transports, dtype_of
+from rollout.engine.weight_group import OPEN_TIMEOUT_S, GroupPlan, Layout, dtype_of
+from trainer.weight_transport import choose_transports
+
+if TYPE_CHECKING:  # a sync drives one policy's learners: its LearnerGroup, or an adapter's view of one
+    from trainer.learner_group import AdapterLearners, LearnerGroup
 
 log = logging.getLogger(__name__)
 
 
-class SyncMethod(StrEnum):
-    auto = "auto"  # collective for full weights, object_store for LoRA adapters or if the group cannot form
-    collective = "collective"  # a process group from learner rank 0 to the engines (error if it cannot form)
-    object_store = "object_store"  # safetensors buckets through Ray's object store
-
-
-class Transport(StrEnum):  # rollout/weights/transport.py::choose_transport
-    auto = "auto"
-    ipc = "ipc"
-    nccl = "nccl"
-    gloo = "gloo"
-
-
-@dataclass
-class SyncConfig:
-    method: SyncMethod = SyncMethod.auto  # how weights travel from the learners to the engines
-    # collective's transport per engine worker: auto (ipc on learner rank 0's GPU, nccl on another GPU,
-    # gloo on CPU), or one of ipc / nccl / gloo (an error at start where it cannot work)
-    transport: Transport = Transport.auto
-    bucket_mb: int = 64  # weights per broadcast bucket / per safetensors blob, MiB
-    # collective: every this many pushes rank 0 also exports the weights to the object store, which an
-    # engine that restarts loads (1: every push; k: an engine restarting between snapshots serves an
-    # older version, tagged as such, until the next push reaches it; spares k-1 of k full-weight exports)
-    snapshot_every: int = 1
-
-
-class WeightSync(Protocol):
-    def push(self, version: int) -> dict[str, float]: ...
-
-
-class Learners(Protocol):
-    """What a sync drives on one policy's learners (trainer/learner_group.py's LearnerGroup or its
-    AdapterLearners view): written here so that this layer need not import the trainer's."""
-
-    name: str
-    cfg: Any  # its LearnerConfig: call_timeout_s
-
-    def export_weights(self, bucket_bytes: int = ...) -> ray.ObjectRef: ...
-    def weight_layout(self, bucket_bytes: int = ...) -> Layout: ...
-    def weight_identity(self) -> str: ...
-    def weight_address(self) -> tuple[str, int]: ...
-    def prepare_weight_group(self, plan: GroupPlan, layout: Layout, timeout_s: float): ...
-    def open_weight_group(self) -> ray.ObjectRef: ...
-    def broadcast_weights(self, version: int, layout: Layout) -> list[ray.ObjectRef]: ...
-
-
 class ObjectStoreSync:
     def __init__(
-        self, learners: Learners, engines: list, bucket_bytes: int = 64 << 20, timeout_s: float = 600.0, store=None
+        self,
+        learners: LearnerGroup | AdapterLearners,
+        engines: list,
+        bucket_bytes: int = 64 << 20,
+        timeout_s: float = 600.0,
+        store=None,
     ):
         self.learners = learners
         self.engines = list(engines)  # Engine actor handles of this policy
@@ -135,7 +96,7 @@ class ObjectStoreSync:
 
 class CollectiveSync:
     """Send from learner rank 0 straight into the engines' parameters over one weight group per
-    policy (rollout/weights/transport.py): each engine worker's transport (ipc on rank 0's GPU,
+    policy (rollout/engine/weight_group.py): each engine worker's transport (ipc on rank 0's GPU,
     nccl on another GPU, gloo on CPU) is chosen when the group opens, and logged. The group opens
     at start and again whenever an engine restarted (a new process is not in it); a push it cannot
     carry goes through the object store, and after the n-th failure in a row the group rests for
@@ -145,7 +106,7 @@ class CollectiveSync:
 
     def __init__(
         self,
-        learners: Learners,
+        learners: LearnerGroup | AdapterLearners,
         engines: list,
         transport: str = "auto",
         bucket_bytes: int = 64 << 20,

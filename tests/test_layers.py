@@ -16,14 +16,18 @@ import pytest
 pytestmark = pytest.mark.unit
 
 LAYERS = ("trainer", "rollout", "harnesses")  # highest first
-# rollout/'s rooms, highest first; `independent`: the rooms of a group do not import each other
-ROOMS = (
-    ("orchestration", "testing"),
-    ("agents",),
-    ("engine",),
-    ("checks", "config", "log", "models", "placement", "stats", "trace", "viewer"),  # the lobby
-)
-INDEPENDENT = {("orchestration", "testing")}
+# Layers inside a package, highest first: each a group of its children; the children of a group listed
+# in INDEPENDENT do not import each other, those of another group may.
+CONTAINED = {
+    "rollout": (  # its rooms and the lobby
+        ("orchestration", "testing"),
+        ("agents",),
+        ("engine",),
+        ("checks", "config", "log", "models", "placement", "stats", "trace", "viewer"),
+    ),
+    "rollout.orchestration": (("fleet",), ("cluster",), ("worker",), ("router", "buffer")),
+}
+INDEPENDENT = {("orchestration", "testing"), ("router", "buffer")}
 
 
 @pytest.fixture(scope="module")
@@ -45,43 +49,53 @@ def test_no_import_goes_up_the_layers(graph):
     )
 
 
-def room_breaches(graph) -> list[str]:
-    """Every import between two of rollout/'s rooms that goes up, or across an independent group."""
-    rank = {room: k for k, group in enumerate(ROOMS) for room in group}
+def breaches(graph, container: str) -> list[str]:
+    """Every import between two children of `container` that goes up its layers, or across an
+    independent group."""
+    groups = CONTAINED[container]
+    rank = {child: k for k, group in enumerate(groups) for child in group}
+    depth = container.count(".") + 1
     found = []
-    for i in graph.find_matching_direct_imports(import_expression="rollout.** -> rollout.**"):
-        a, b = (i[side].split(".")[1] for side in ("importer", "imported"))
-        if a == b or not (rank[b] < rank[a] or (rank[a] == rank[b] and ROOMS[rank[a]] in INDEPENDENT)):
+    for i in graph.find_matching_direct_imports(import_expression=f"{container}.** -> {container}.**"):
+        a, b = (i[side].split(".")[depth] for side in ("importer", "imported"))
+        if a == b or not (rank[b] < rank[a] or (rank[a] == rank[b] and groups[rank[a]] in INDEPENDENT)):
             continue
         for line in graph.get_import_details(importer=i["importer"], imported=i["imported"]):
             found.append(f"{i['importer']} -> {i['imported']} (line {line['line_number']}: {line['line_contents']})")
     return found
 
 
-def test_rollout_rooms_import_down_only(graph):
-    assert not room_breaches(graph), (
-        "imports against rollout/'s rooms orchestration | testing > agents > engine > lobby (move the "
-        "shared piece down to the lowest room that needs it, as EngineError sits beside Completion in "
-        "rollout/engine/engine.py):\n" + "\n".join(room_breaches(graph))
+@pytest.mark.parametrize("container", CONTAINED)
+def test_inside_a_package_imports_go_down_only(graph, container):
+    found = breaches(graph, container)
+    assert not found, (
+        f"imports against {container}'s layers {CONTAINED[container]} (move the shared piece down to the "
+        f"lowest one that needs it, as EngineError sits beside Completion in rollout/engine/engine.py):\n"
+        + "\n".join(found)
     )
 
 
-def test_every_rollout_module_has_a_room(graph):
-    """A new room or lobby module must be placed (import-linter's contract is exhaustive too)."""
-    placed = {room for group in ROOMS for room in group}
-    children = {m.split(".")[1] for m in graph.find_children("rollout")}
+@pytest.mark.parametrize("container", CONTAINED)
+def test_every_module_has_a_layer(graph, container):
+    """A new room, lobby module or orchestration module must be placed (import-linter's contracts are
+    exhaustive too)."""
+    placed = {child for group in CONTAINED[container] for child in group}
+    children = {m.rpartition(".")[2] for m in graph.find_children(container)}
     assert children == placed, f"not placed: {sorted(children - placed)}; gone: {sorted(placed - children)}"
 
 
 def test_the_contracts_match_these_lists():
     """pyproject.toml's import-linter contracts state the same layers as this file."""
-    contracts = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"][
-        "importlinter"
-    ]["contracts"]
-    rooms = next(c for c in contracts if c.get("containers") == ["rollout"])
-    groups = [tuple(x.strip() for x in layer.replace(":", "|").split("|")) for layer in rooms["layers"]]
-    independent = {g for g, layer in zip(groups, rooms["layers"]) if "|" in layer}
-    assert (tuple(groups), independent, rooms["exhaustive"]) == (ROOMS, INDEPENDENT, True)
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    contracts = pyproject["tool"]["importlinter"]["contracts"]
+    stated = {}
+    for c in contracts:
+        if c.get("containers"):
+            groups = tuple(tuple(x.strip() for x in layer.replace(":", "|").split("|")) for layer in c["layers"])
+            independent = {g for g, layer in zip(groups, c["layers"]) if "|" in layer}
+            stated[c["containers"][0]] = (groups, independent, c["exhaustive"])
+    expected = {k: (v, {g for g in v if g in INDEPENDENT}, True) for k, v in CONTAINED.items()}
+    assert stated == expected
     assert any(c["layers"] == list(LAYERS) and "containers" not in c for c in contracts)
 
 

@@ -244,6 +244,7 @@ def smoke_run(tmp_path_factory):
     import subprocess
 
     run_dir = tmp_path_factory.mktemp("smoke_run")
+    wait_for_memory("tests/conftest.py::smoke_run (a Ray, an engine and learner ranks of its own)", 4)
     proc = subprocess.run(
         [sys.executable, "scripts/train.py", "experiment=smoke", f"run_dir={run_dir}", "trainer.rollouts_every=10"],
         cwd=ROOT,

@@ -48,6 +48,7 @@ def test_docs_links_point_at_files_that_exist():
 
 
 @pytest.mark.e2e
+@pytest.mark.needs_memory_gb(5)  # scripts/train.py with a Ray of its own: two engines, learner ranks
 def test_readme_harness_with_two_roles_and_a_frozen_third_trains(tmp_path):
     root = scratch_root(tmp_path)
     blocks = runnable_blocks()

@@ -148,6 +148,7 @@ PRINT_ONE = ["submit", "--", sys.executable, "-c", "print('job', 'ran')"]  # pri
 
 
 @pytest.mark.e2e
+@pytest.mark.needs_memory_gb(6)  # two Ray nodes and a job training two policies over them
 def test_submit_to_two_node_cluster(tmp_path):
     """The README's cluster, from fresh machines: the head made with scripts/ray_start.sh makes its
     token and refuses jobs without it; a job submitted with it trains two policies over two nodes."""

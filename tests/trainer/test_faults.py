@@ -154,6 +154,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_and_a_dead_or_hung_rank
 
 
 @pytest.mark.e2e
+@pytest.mark.needs_memory_gb(4)  # a smoke run's engine, learner ranks and worker
 def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path):
     cfg = compose(
         "train",
@@ -176,6 +177,7 @@ def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path)
 
 
 @pytest.mark.e2e
+@pytest.mark.needs_memory_gb(5)  # two engines (trained, frozen), two learner ranks, restarts
 def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_cluster, tmp_path):
     """SIGKILL of the trained policy's engine in step 2 and of the rollout worker in step 3, SIGSTOP of
     the frozen policy's engine in step 4, SIGKILL of both engines half a second apart in step 5 (as

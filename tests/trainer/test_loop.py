@@ -58,6 +58,7 @@ def test_eval_summary_counts_failures_apart_from_wrong_answers_and_is_strict_jso
 
 
 @pytest.mark.e2e
+@pytest.mark.needs_memory_gb(5)  # a smoke run, then scripts/train.py with a Ray of its own
 def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cluster, tmp_path):
     """20 async steps; then a run resumed from the step-10 checkpoint, SIGKILLed in step 12 and
     resumed again, trains exactly what this one trained in steps 11 and 12, whose rollouts were
@@ -118,6 +119,7 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
 
 
 @pytest.mark.e2e
+@pytest.mark.needs_memory_gb(4)  # two engines (the player, the frozen one) and a learner rank
 def test_selfplay_against_a_frozen_player_trains_on_per_agent_rewards(ray_cluster, tmp_path):
     """A multi-agent run through the real loop: selfplay with player_b frozen (its own engine),
     zero-sum per-agent rewards, per-role GRPO baselines."""

@@ -54,7 +54,7 @@ import shlex
 import signal
 import sys
 
-from harnesses.base import Agents, HarnessResult, Task, load_object
+from harnesses.base import Agents, HarnessResult, Task, load_object, register_options_check
 
 # The worker's variables a command agent sees (plus LC_* and the names in harness.options.env).
 ENV_ALLOWED = ("PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
@@ -185,7 +185,7 @@ def _takes(fn, **keywords) -> bool:
     return True
 
 
-openai_agent.check_options = check_options
+register_options_check(openai_agent, check_options)
 
 
 async def run_command(command: str | list[str], stdin: str, env: dict[str, str], timeout_s: float) -> str:

@@ -1,2 +1,4 @@
-"""Harness programs: plain async functions `harness(task, agents, **options) -> reward` (single turn,
-solver-verifier, debate, orchestrator, compaction, majority vote, self-play, relay, an OpenAI-API agent)."""
+"""Harness programs: plain async functions `harness(task: Task, agents: Agents, **options) -> Reward`
+(harnesses/base.py), one per module, each with a preset in conf/harness/: `single_turn`, `solver_verifier`,
+`solver_verifier_corrector`, `debate`, `orchestrator`, `compaction`, `majority_vote`, `selfplay`, `relay`
+and `openai_agent` (an agent written against the OpenAI API, through the worker's gateway)."""

@@ -1,1 +1,3 @@
-"""Task sources: reasoning-gym datasets, the user's data files, two-player games, synthetic and story tasks."""
+"""Task sources (`TaskSource` subclasses, named by `task._target_`): reasoning-gym datasets (`reasoning_gym`),
+the user's data files (`files`, whose rows `data_files` reads), Nim starting positions for self-play
+(`games`), the digit task (`synthetic`) and story sums for the relay (`story_sum`)."""

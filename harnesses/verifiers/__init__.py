@@ -1,2 +1,3 @@
-"""Scoring: the answer grammar, exact expression checks, the built-in verifier registry, user verifiers run
-in the sandbox, the LLM judge and the scoring plumbing that settles a judged reward."""
+"""Scoring: the answer grammar (`answers`), exact expression checks (`expressions`), the built-in verifiers
+by name (`registry`), user verifiers (`user`) run in the sandbox (`sandbox`, `sandbox_isolation`), the LLM
+judge (`judge`) and the plumbing that settles a judged reward (`scoring`)."""

@@ -4,7 +4,10 @@ The suite leaves about a third of this 2-core box idle (waits on process starts,
 restarts); scripts that take minutes and need nothing from the suite (the quick benches, the
 team study's quick arms) run there instead, one at a time at nice 10, in the order launched.
 tests/conftest.py::pytest_collection_finish launches the jobs the selected tests ask for; each
-such test waits for its own job's result (`result`), bounded by the job's deadline.
+such test waits for its own job's result (`result`), bounded by the job's deadline. Those tests
+run last: once the first of them waits, the main tests are done and the box is the lane's, so a
+second worker takes the next queued job (one script run keeps about one core busy: its process
+starts, imports and Ray's start are mostly serial).
 """
 
 from __future__ import annotations
@@ -12,14 +15,18 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 _jobs: dict[str, concurrent.futures.Future] = {}
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_queue: queue.SimpleQueue = queue.SimpleQueue()  # (name, args, deadline, future) in launch order; None ends a worker
+_workers: list[threading.Thread] = []
+WORKERS_AT_THE_END = 2  # the box's cores
 _since = time.monotonic()  # the session's start (this module is imported at collection)
 walls: dict[str, tuple[float, float]] = {}  # job -> (its start, seconds into the session; its wall seconds)
 
@@ -47,24 +54,48 @@ def run_script(args: list[str], deadline_s: float, name: str | None = None) -> d
     return json.loads(lines[-1])
 
 
+def work() -> None:
+    """A worker of the lane: the queued jobs, in order, until a None."""
+    while (job := _queue.get()) is not None:
+        name, args, deadline_s, future = job
+        if future.set_running_or_notify_cancel():  # False: dropped by `stop`
+            try:
+                future.set_result(run_script(args, deadline_s, name))
+            except BaseException as e:  # the waiting test raises it
+                future.set_exception(e)
+
+
+def add_worker() -> None:
+    thread = threading.Thread(target=work, name=f"lane-{len(_workers)}", daemon=True)
+    thread.start()
+    _workers.append(thread)
+
+
 def launch(jobs: dict[str, tuple[list[str], float]]) -> None:
     """Queue each job (name -> (script args, deadline seconds)) in the lane, in the order given."""
-    global _pool
-    if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lane")
+    if not _workers:
+        add_worker()
     for name, (args, deadline_s) in jobs.items():
-        _jobs[name] = _pool.submit(run_script, args, deadline_s, name)
+        _jobs[name] = concurrent.futures.Future()
+        _queue.put((name, args, deadline_s, _jobs[name]))
 
 
 def result(name: str) -> dict:
-    """The job's parsed last line, once it has run (its own deadline bounds the wait)."""
+    """The job's parsed last line, once it has run (its own deadline bounds the wait). The first
+    call widens the lane to WORKERS_AT_THE_END: the tests that wait run after the main ones."""
+    while 0 < len(_workers) < WORKERS_AT_THE_END:
+        add_worker()
     return _jobs[name].result()
 
 
 def stop() -> str:
-    """At the session's end: jobs not started yet are dropped, a running one is waited for. A line
+    """At the session's end: jobs not started yet are dropped, running ones are waited for. A line
     of what the lane ran: each job's start (seconds into the session) and wall seconds."""
-    if _pool is not None:
-        _pool.shutdown(wait=True, cancel_futures=True)
+    for future in _jobs.values():
+        future.cancel()  # only those not started
+    for _ in _workers:
+        _queue.put(None)
+    for thread in _workers:
+        thread.join()
     jobs = ", ".join(f"{n} {start:.0f}+{wall:.0f}s" for n, (start, wall) in walls.items())
     return f"background lane (job start+wall): {jobs or 'none ran'}"

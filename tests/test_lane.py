@@ -1,0 +1,72 @@
+"""The background lane (tests/lane.py): one job at a time while the main tests run, two at once
+from the first test that waits for one (those run last), each job's failure raised in its test."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+# A job: says it started, then (job "a") holds its worker until the file `go` exists; its JSON
+# line names the jobs that had started by then.
+JOB = """
+import json, sys, time
+from pathlib import Path
+d, name = Path(sys.argv[1]), sys.argv[2]
+(d / f"{name}.start").touch()
+deadline = time.monotonic() + 60
+while name == "a" and not (d / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+assert name != "a" or (d / "go").exists(), "never let go"
+print(json.dumps({"started": sorted(p.stem for p in d.glob("*.start"))}))
+"""
+DRIVER = """
+import sys, threading, time
+from pathlib import Path
+from tests import lane
+
+d = Path(sys.argv[1])
+job = lambda name: (["-c", {job!r}, str(d), name], 120)
+lane.launch({{"a": job("a"), "b": job("b"), "fails": (["-c", "raise SystemExit(3)"], 60)}})
+
+def wait_for(path):
+    deadline = time.monotonic() + 60
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), path
+
+wait_for(d / "a.start")
+assert not (d / "b.start").exists(), "one job at a time before a test waits"
+got = {{}}
+threading.Thread(target=lambda: got.update(b=lane.result("b"))).start()  # a test waits: two workers
+wait_for(d / "b.start")  # b runs beside a, which still holds the first worker
+(d / "go").touch()
+print("a", lane.result("a"))
+try:
+    lane.result("fails")
+except AssertionError as e:
+    print("fails raised", type(e).__name__)
+print(lane.stop())
+print("b", got["b"])
+"""
+
+
+def test_the_lane_runs_one_job_until_a_test_waits_then_two_and_raises_a_jobs_failure(tmp_path):
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(job=JOB))
+    proc = subprocess.run(
+        [sys.executable, str(driver), str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "a {'started': ['a', 'b']}" in out, out  # b started while a ran
+    assert "fails raised AssertionError" in out and "b {'started': ['a', 'b']}" in out, out
+    assert "background lane (job start+wall): " in out and all(f"{n} " in out for n in ("a", "b", "fails")), out

@@ -10,9 +10,8 @@ import torch
 
 from rollout.config import LoraConfig, ModelConfig, SamplingConfig
 from tests.conftest import chat_prompt, hf_logprobs
-from trainer.learner import LearnerConfig
+from trainer.config import LearnerConfig, LossConfig
 from trainer.learner_group import LearnerGroup
-from trainer.losses import LossConfig
 from trainer.weight_sync import ObjectStoreSync
 
 LORA = LoraConfig(rank=8, alpha=16.0)
@@ -38,7 +37,7 @@ def random_adapter(hf_tiny, tiny_path, seed: int):
     from peft import get_peft_model, get_peft_model_state_dict
     from safetensors.torch import save
 
-    from rollout.weights.lora_names import peft_config
+    from rollout.engine.lora_names import peft_config
 
     torch.manual_seed(seed)
     model = get_peft_model(copy.deepcopy(hf_tiny), peft_config(LORA, tiny_path)).eval()
@@ -213,7 +212,7 @@ def learner_adapter(hf_tiny, tiny_path):
     """HF + PEFT: adapter "a" on the tiny base, initialised as a learner does (seed 0)."""
     from peft import get_peft_model
 
-    from rollout.weights.lora_names import peft_config, peft_name
+    from rollout.engine.lora_names import peft_config, peft_name
 
     torch.manual_seed(0)
     return get_peft_model(copy.deepcopy(hf_tiny), peft_config(LORA, tiny_path), adapter_name=peft_name("a"))
@@ -222,7 +221,7 @@ def learner_adapter(hf_tiny, tiny_path):
 def adapter_state(model) -> dict[str, torch.Tensor]:
     from peft import get_peft_model_state_dict
 
-    from rollout.weights.lora_names import peft_name
+    from rollout.engine.lora_names import peft_name
 
     return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model, adapter_name=peft_name("a")).items()}
 

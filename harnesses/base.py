@@ -96,6 +96,10 @@ class TaskSource(ABC):
       the constructor arguments and `i` (a resumed run sees the same tasks).
 
     `instruction` is appended to each question; None picks the source's default.
+
+    The constructor is this class's alone (the keys of `task.*` and the run's `seed`): a
+    subclass reads and checks its `params` (and loads its data) in `setup()`, which the
+    constructor calls once the attributes are set and before `default_instruction()`.
     """
 
     eval_draws_per_item = 50  # held-out draws allowed per requested distinct question
@@ -118,13 +122,20 @@ class TaskSource(ABC):
             raise ValueError(f"task.eval_size must be >= 0, got {eval_size}")
         self.name = name
         self.params = dict(params or {})
-        self.instruction = instruction if instruction is not None else self.default_instruction()
         self.size = size
         self.eval_size = eval_size
         self.eval_seed = eval_seed
         self.seed = seed
         self._eval: list | None = None  # the held-out tasks, built on first use
         self._eval_questions: set[str] = set()
+        self.setup()
+        self.instruction = instruction if instruction is not None else self.default_instruction()
+
+    def setup(self) -> None:
+        """The subclass's own start: check `self.params` (a ValueError naming `task.params.<key>`
+        for one it does not take), build or load what `draw` needs; may set `self.size` lower."""
+        if self.params:
+            raise ValueError(f"task.params.{sorted(self.params)[0]}: task {self.name!r} takes no parameters")
 
     def default_instruction(self) -> str | None:
         """The answer-format line appended to questions when `instruction` is None."""

@@ -305,16 +305,10 @@ class GenerateJobConfig(RolloutJobConfig):
 
 
 def make_task_source(cfg: TaskConfig, seed: int) -> TaskSource:
-    """Instantiate the task source named by `task._target_`."""
-    return load_task_source(cfg._target_)(
-        name=cfg.name,
-        params=dict(cfg.params),
-        instruction=cfg.instruction,
-        size=cfg.size,
-        eval_size=cfg.eval_size,
-        eval_seed=cfg.eval_seed,
-        seed=seed,
-    )
+    """The task source named by `task._target_`, built from the other `task.*` keys (TaskSource's
+    constructor takes exactly them) and the run's seed."""
+    keys = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "_target_"}
+    return load_task_source(cfg._target_)(**{**keys, "params": dict(cfg.params)}, seed=seed)
 
 
 def register_configs() -> None:

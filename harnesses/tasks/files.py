@@ -76,35 +76,25 @@ class _Item:
 class FileTasks(TaskSource):
     """Training and held-out tasks from the rows of a data file (see the module docstring)."""
 
-    def __init__(
-        self,
-        name: str,
-        params: dict | None = None,
-        instruction: str | None = None,
-        size: int = 100000,
-        eval_size: int = 64,
-        eval_seed: int = 1000003,
-        seed: int = 0,
-    ) -> None:
-        self.options = _params(params or {})
+    def setup(self) -> None:
+        self.options = _params(self.params)
         self.verifier = make_verifier(self.options.verifier, self.options.verifier_options)
         if self.verifier.needs_answer and self.options.answer_field is None:
             raise ValueError(
                 f"{P}.verifier={self.options.verifier!r} compares with a gold answer: set "
                 f"{P}.answer_field to the field that holds it"
             )
-        super().__init__(name, params, instruction, size, eval_size, eval_seed, seed)
         self._check_template()
         items = self._load(self.options.path, "path")
-        held, excluded = self._held_out(items, eval_size, eval_seed)
+        held, excluded = self._held_out(items, self.eval_size, self.eval_seed)
         train = [i for i in items if normalize_question(i.question) not in excluded]
         if not train:
             raise ValueError(
                 f"every question of {P}.path={self.options.path!r} is in {P}.eval_path: nothing is left to train on"
             )
         if self.options.shuffle:
-            random.Random(seed).shuffle(train)
-        self._train, self._held = train[:size], held
+            random.Random(self.seed).shuffle(train)
+        self._train, self._held = train[: self.size], held
         self.size = len(self._train)
 
     def _held_out(self, items: list[_Item], eval_size: int, eval_seed: int) -> tuple[list[_Item], set[str]]:

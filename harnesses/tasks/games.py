@@ -41,8 +41,7 @@ class NimPositions(TaskSource):
     """Nim starting positions drawn uniformly from `task.params` (DEFAULT_PARAMS for any key not
     given): pile min_stones..max_stones, move limit min_take..max_take."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def setup(self) -> None:
         unknown = sorted(set(self.params) - set(DEFAULT_PARAMS))
         if unknown:
             raise ValueError(f"task.params.{unknown[0]} is not a nim parameter; known: {sorted(DEFAULT_PARAMS)}")

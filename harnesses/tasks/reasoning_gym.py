@@ -338,28 +338,20 @@ class ReasoningGymTasks(TaskSource):
     else ``DEFAULT_INSTRUCTION``).
     """
 
-    def __init__(
-        self,
-        name: str,
-        params: dict | None = None,
-        instruction: str | None = None,
-        size: int = 100000,
-        eval_size: int = 64,
-        eval_seed: int = 1000003,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(name, _plain(params or {}), instruction, size, eval_size, eval_seed, seed)
-        if eval_size and seed < eval_seed + self.eval_draws and eval_seed < seed + size:
+    def setup(self) -> None:
+        self.params = _plain(self.params)
+        seed, size, eval_seed = self.seed, self.size, self.eval_seed
+        if self.eval_size and seed < eval_seed + self.eval_draws and eval_seed < seed + size:
             raise ValueError(
                 f"train seeds [{seed}, {seed + size}) overlap eval seeds "
                 f"[{eval_seed}, {eval_seed + self.eval_draws}) "
-                f"for dataset {name!r}: the held-out stream would repeat the training stream"
+                f"for dataset {self.name!r}: the held-out stream would repeat the training stream"
             )
         # Built eagerly so that unknown names and bad params fail here, not mid-training.
         # reasoning-gym item i can depend on the dataset's seed *and* size (gsm_symbolic draws
         # its templates up front, acre pre-generates everything), so index the real dataset
         # rather than building per-item windows.
-        self._train_ds: Any = _create_dataset(name, self.params, seed=seed, size=size)
+        self._train_ds: Any = _create_dataset(self.name, self.params, seed=seed, size=size)
         self._eval_ds: Any = None
 
     def default_instruction(self) -> str:

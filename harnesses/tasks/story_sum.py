@@ -111,8 +111,7 @@ class StorySums(TaskSource):
     """Stories of `task.params.operations` changes; the held-out stream uses its own names and
     objects (see the module docstring)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def setup(self) -> None:
         unknown = sorted(set(self.params) - set(DEFAULT_PARAMS))
         if unknown:
             raise ValueError(f"task.params.{unknown[0]} is not a story_sum parameter; known: {sorted(DEFAULT_PARAMS)}")

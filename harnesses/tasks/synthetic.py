@@ -28,7 +28,7 @@ class DigitTask:
 
 
 class DigitTasks(TaskSource):
-    """Questions "<word> <number>"; `params` and the dataset name are unused."""
+    """Questions "<word> <number>"; the dataset name is unused, and it takes no `params`."""
 
     def default_instruction(self) -> str:
         return "Reply with digits only."

@@ -9,7 +9,7 @@ The run is experiment=smoke with one learner rank, started as scripts/train.py s
 (RolloutFleet, then TrainedPolicy), so the push goes through whatever weight sync
 trainer/policy.py builds on this machine. Steps: sample 2 groups of 4 completions on the engine;
 score some on the engine and on the learner (parity before); one optimizer step on the groups and
-the push (TrainedPolicy.train); score again (parity after; the engine serves the pushed version).
+the push (TrainedPolicy.step); score again (parity after; the engine serves the pushed version).
 The JSON is rewritten after every step, so a run ended at its deadline keeps what it had. It holds
 seconds per step, max |Δlogp| before and after the push, the sync class and its push stats, and
 the checks; the exit status is 0 iff every check held.
@@ -138,7 +138,7 @@ def run(device: str, overrides: list[str], report: Report, tolerance: float | No
         report.check("parity_before", r["parity_before_max_abs"] < tol)
 
         t0 = time.perf_counter()
-        metrics = policy.train(traces, max_staleness=0)  # one optimizer step, then the push
+        metrics = policy.step(traces, max_staleness=0)  # one optimizer step, then the push
         r["push"] = {k.split("/")[-1]: v for k, v in metrics.items() if k.startswith(f"sync/{name}/")}
         r["fallbacks"] = r["push"].get("fallbacks")
         r["loss"] = metrics.get(f"train/{name}/loss")

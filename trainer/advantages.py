@@ -9,10 +9,24 @@ share `trace.group`, and a group is simply every trace of the batch with that
 loss broadcasts a sequence's advantage to each of its generated tokens.
 
     compute_advantages(traces, cfg)          # the entry point, driven by AdvantageConfig
-    grpo(traces, **opts) / rloo / batch_mean / uniform   # the same, one estimator each
     advantage_stats(traces, advs)            # mean/std/min/max over trainable sequences
 
 This runs BEFORE prefix merging (docs/design.md, "Training math").
+
+Estimators (`AdvantageConfig.estimator`)
+----------------------------------------
+* `grpo`: group-relative, A = (R - mean_group R) [/ (std_group R + eps)]. GRPO, Shao et al.
+  2024, "DeepSeekMath" (arXiv:2402.03300), §4.1.2 outcome supervision; applied at trace
+  level as in the seed's uniform credit.
+* `rloo`: leave-one-out, A_i = R_i - mean_{j != i} R_j within the group. RLOO, Kool et al.
+  2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!"; Ahmadian et al. 2024, "Back to
+  Basics" (arXiv:2402.14740).
+* `batch_mean`: A = R - mean_batch R [/ (std_batch R + eps)]: REINFORCE with a constant
+  baseline, the batch's mean reward (Williams 1992, "Simple statistical gradient-following
+  algorithms").
+* `uniform`: no baseline, A = R(trace) on every trainable sequence: plain REINFORCE, the
+  seed's minimal estimator ("apply that uniform reward to all trained tokens in the trace").
+  Unbiased, highest variance.
 
 Conventions (each is tested in tests/trainer/test_advantages.py)
 -----------------------------------------------------------------
@@ -235,84 +249,6 @@ def _normalize_per_role(role_adv: dict[tuple[int, str], float], eps: float) -> N
         if not _all_equal(a):
             u, e = _unit_scale(a)
             role_adv.update(zip(keys, (float(x) for x in u / (u.std() + math.ldexp(eps, -e)))))
-
-
-# -- one function per estimator -----------------------------------------------------
-
-
-def grpo(
-    traces: Seq[Trace],
-    *,
-    scale_by_std: bool = True,
-    per_agent_rewards: bool = False,
-    normalize_per_agent: bool = False,
-    use_turn_rewards: bool = False,
-    eps: float = 1e-6,
-) -> list[list[float]]:
-    """Group-relative: A = (R - mean_group R) [/ (std_group R + eps)], population std.
-
-    GRPO, Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), §4.1.2 outcome
-    supervision; applied at trace level as in the seed's uniform credit.
-    """
-    return compute_advantages(
-        traces, AdvantageConfig("grpo", scale_by_std, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps)
-    )
-
-
-def rloo(
-    traces: Seq[Trace],
-    *,
-    per_agent_rewards: bool = False,
-    normalize_per_agent: bool = False,
-    use_turn_rewards: bool = False,
-    eps: float = 1e-6,
-) -> list[list[float]]:
-    """Leave-one-out: A_i = R_i - mean_{j != i} R_j within the group; 0 for a group of one.
-
-    RLOO, Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!";
-    Ahmadian et al. 2024, "Back to Basics" (arXiv:2402.14740).
-    """
-    return compute_advantages(
-        traces, AdvantageConfig("rloo", False, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps)
-    )
-
-
-def batch_mean(
-    traces: Seq[Trace],
-    *,
-    scale_by_std: bool = False,
-    per_agent_rewards: bool = False,
-    normalize_per_agent: bool = False,
-    use_turn_rewards: bool = False,
-    eps: float = 1e-6,
-) -> list[list[float]]:
-    """Plain baseline: A = R - mean_batch R [/ (std_batch R + eps)].
-
-    REINFORCE with a constant baseline, Williams 1992, "Simple statistical
-    gradient-following algorithms" (the baseline is the batch's mean reward).
-    """
-    return compute_advantages(
-        traces,
-        AdvantageConfig("batch_mean", scale_by_std, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps),
-    )
-
-
-def uniform(
-    traces: Seq[Trace],
-    *,
-    per_agent_rewards: bool = False,
-    normalize_per_agent: bool = False,
-    use_turn_rewards: bool = False,
-    eps: float = 1e-6,
-) -> list[list[float]]:
-    """No baseline: A = R(trace) on every trainable sequence (plain REINFORCE).
-
-    The seed's minimal estimator ("apply that uniform reward to all trained
-    tokens in the trace"); Williams 1992. Unbiased, highest variance.
-    """
-    return compute_advantages(
-        traces, AdvantageConfig("uniform", False, per_agent_rewards, normalize_per_agent, use_turn_rewards, eps)
-    )
 
 
 # -- stats ------------------------------------------------------------------------

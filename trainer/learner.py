@@ -145,9 +145,8 @@ def quiet_start(on_gpu: bool) -> None:
 def skip_shm_comm_build() -> None:
     """DeepSpeed g++-builds a shared-memory all-reduce op (20-70 s) whenever its torch comm backend
     starts; it is only an inference fast path, unused on CPU. Skip it. The module is reached
-    through sys.modules: `import deepspeed.comm.torch as m` binds `deepspeed.comm`'s attribute
-    `torch`, which is the torch package itself, so the patch once landed on `torch` and every
-    learner start built the op."""
+    through importlib: `import deepspeed.comm.torch as m` binds `deepspeed.comm`'s attribute
+    `torch`, which is the torch package itself, and a patch on that misses the op."""
     import importlib
 
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
@@ -198,6 +197,33 @@ class Learner:
     def setup(self, master: tuple[str, int]) -> dict:
         """Join the process group at rank 0's `master_address()` and build the DeepSpeed engine(s);
         all ranks must call it at once."""
+        self._join(master)
+        import ray
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.module = model = self._load_model()
+        self.ref_model = None
+        if self.loss_cfg.kl_coef > 0:
+            dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+            self.ref_model.requires_grad_(False)
+        if not self.adapters:
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            self.slots[None] = self._slot(model, named, self.cfg)
+        for name, (_, opt_cfg) in self.adapters.items():
+            named = [(n, p) for n, p in model.named_parameters() if own_params(name).search(n)]
+            self.slots[name] = self._slot(model, named, opt_cfg, name)
+        self.activate(next(iter(self.slots)))
+        return {
+            "rank": self.rank,
+            "params": sum(p.numel() for p in model.parameters()),
+            "trained_params": sum(p.numel() for s in self.slots.values() for p in s.params),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    def _join(self, master: tuple[str, int]) -> None:
+        """This rank in the process group (nccl on GPUs, gloo on CPUs), seeded, on its device."""
         import datetime
 
         cfg, (master_addr, master_port) = self.cfg, master
@@ -205,7 +231,6 @@ class Learner:
         quiet_start(on_gpu)
         import deepspeed
         import torch
-        from transformers import AutoModelForCausalLM
 
         os.environ.update(
             RANK=str(self.rank),
@@ -227,12 +252,18 @@ class Learner:
         share = gpu_memory_share(cfg)
         if share is not None and self.device.type == "cuda":
             torch.cuda.set_per_process_memory_fraction(share, self.device)
-        dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+
+    def _load_model(self):
+        """The model in float32 with this learner's LoRA adapters on it (if it trains adapters), and
+        gradient checkpointing if asked."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         if self.adapters:
             from peft import get_peft_model
 
-            if cfg.zero_stage == 3 and len(self.adapters) > 1:
+            if self.cfg.zero_stage == 3 and len(self.adapters) > 1:
                 raise ValueError(
                     "ZeRO-3 partitions the model itself: adapters on one base cannot share its "
                     "ranks; give each adapter policy its own learner group"
@@ -243,30 +274,11 @@ class Learner:
                     model = get_peft_model(model, peft_config(lora, self.model_path), adapter_name=peft_name(name))
                 else:
                     model.add_adapter(peft_name(name), peft_config(lora, self.model_path))
-        if cfg.gradient_checkpointing:
+        if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             if self.adapters:  # the frozen embeddings' output must carry grad into the blocks
                 model.enable_input_require_grads()
-        self.module = model
-        self.ref_model = None
-        if self.loss_cfg.kl_coef > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
-            self.ref_model.requires_grad_(False)
-        if not self.adapters:
-            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-            self.slots[None] = self._slot(model, named, cfg)
-        for name, (_, opt_cfg) in self.adapters.items():
-            named = [(n, p) for n, p in model.named_parameters() if own_params(name).search(n)]
-            self.slots[name] = self._slot(model, named, opt_cfg, name)
-        self.activate(next(iter(self.slots)))
-        import ray
-
-        return {
-            "rank": self.rank,
-            "params": sum(p.numel() for p in model.parameters()),
-            "trained_params": sum(p.numel() for s in self.slots.values() for p in s.params),
-            "node_id": ray.get_runtime_context().get_node_id(),
-        }
+        return model
 
     def _slot(self, model, named: list, opt_cfg: LearnerConfig, adapter: str | None = None) -> _Slot:
         """A DeepSpeed engine over `model` that trains the `named` parameters only, with `opt_cfg`'s

@@ -38,7 +38,7 @@ from rollout.trace import Trace, write_jsonl
 from trainer import checkpoint
 from trainer.config import LoopConfig, TrainJobConfig, validate
 from trainer.evaluation import eval_sampling
-from trainer.metrics import RunLogger, rollout_split, step_totals, write_atomic
+from trainer.metrics import RunLogger, rollout_split, step_perf, step_totals, write_atomic
 from trainer.policy import TrainedPolicy, start_learners, trained_policies
 from trainer.run_dir import check_run_dir, start_run_dir
 from trainer.summary import eval_summary, mean_reward, policy_summary
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 def train(cfg: TrainJobConfig) -> dict:
     """Run the training job; returns the summary (also written to run_dir/summary.json)."""
     check(cfg)
-    t, t_start = cfg.trainer, time.time()
+    loop, started = cfg.trainer, time.time()
     run_dir, resume_from = start_run_dir(cfg)
     seed_everything(cfg.seed)
     start_ray(cfg.ray, cfg.cpus_asked(), cfg.asks())
@@ -61,93 +61,49 @@ def train(cfg: TrainJobConfig) -> dict:
         policies = trained_policies(cfg, fleet, actors, learners)
 
         # ---- resume, the logger, and the held-out eval before training ---------------------
-        start, held = restore(policies, resume_from) if resume_from else (0, [])
-        if len(held) % t.groups_per_step:
-            raise ValueError(
-                f"the checkpoint keeps {len(held)} rollout groups, not whole steps of "
-                f"trainer.groups_per_step={t.groups_per_step}: resume with the run's own value"
-            )
-        logger = actors.enter_context(
-            RunLogger(
-                run_dir,
-                cfg.logger.mode,
-                cfg.logger.project,
-                cfg.logger.name,
-                asdict(cfg),
-                resume_step=start if resume_from else None,
-            )
-        )
-        initial = final = evaluate(fleet, cfg, start)
+        first, held = restore(policies, resume_from, loop) if resume_from else (0, [])
+        logger = actors.enter_context(open_logger(cfg, run_dir, first if resume_from else None))
+        initial = final = evaluate(fleet, cfg, first)
         if initial:
-            logger.log(start, trace_metrics(initial, "eval"))
+            logger.log(first, trace_metrics(initial, "eval"))
 
         # ---- rollout ahead: up to max_staleness steps in flight, never more ------------
         # `held`: complete groups of the steps after the last trained one, already out of the
         # fleet (drained at a checkpoint, or read from one); `ahead`: the first step neither
         # held nor submitted
-        ahead = submit_steps(fleet, start + len(held) // t.groups_per_step, start + 1 + t.max_staleness, t)
+        ahead = submit_steps(fleet, first + len(held) // loop.groups_per_step, first + 1 + loop.max_staleness, loop)
         # the engines' clocks when the rollout being waited for was last submitted to
         clock = time.perf_counter(), fleet.engine_clocks()
-        for step in range(start, t.steps):
-            t0 = time.perf_counter()
-            groups, held = held[: t.groups_per_step], held[t.groups_per_step :]
-            groups = groups or fleet.take(t.groups_per_step, t.rollout_timeout_s)
-            # in the order of their ids, not of arrival (which varies from run to run): the same
-            # groups pack into the same rows and micro-batches, so a resumed step repeats the
-            # uninterrupted run's arithmetic
-            traces = sorted((tr for group in groups for tr in group), key=lambda tr: (tr.group, tr.id))
-            t_wait = time.perf_counter() - t0
-            check_failures(traces, t.max_failed_fraction, f"the rollout of step {step + 1}")
-            m = trace_metrics(traces, "rollout")
-            m.update(rollout_split(clock[1], fleet.engine_clocks(), time.perf_counter() - clock[0]))
+        for step in range(first, loop.steps):
+            began = time.perf_counter()
+            traces, held = step_traces(fleet, held, loop)
+            waited_s = time.perf_counter() - began
+            check_failures(traces, loop.max_failed_fraction, f"the rollout of step {step + 1}")
+            metrics = trace_metrics(traces, "rollout")
+            metrics.update(rollout_split(clock[1], fleet.engine_clocks(), time.perf_counter() - clock[0]))
 
             # ---- per policy: leave out what is too stale, one optimizer step, sync -------
             for policy in policies.values():
-                m.update(policy.train(traces, t.max_staleness))
-            m.update(step_totals(m, list(policies)))
+                metrics.update(policy.step(traces, loop.max_staleness))
+            metrics.update(step_totals(metrics, list(policies)))
 
             # ---- the engines have the new weights: the next rollout may start ----------
-            ahead = submit_steps(fleet, ahead, step + 2 + t.max_staleness, t)
+            ahead = submit_steps(fleet, ahead, step + 2 + loop.max_staleness, loop)
             clock = time.perf_counter(), fleet.engine_clocks()
 
-            # ---- log, evaluate, checkpoint ---------------------------------------------
-            step_s = time.perf_counter() - t0
-            m.update(
-                {
-                    "perf/rollout_wait_s": t_wait,
-                    "perf/step_s": step_s,
-                    "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s,
-                    "rollout/engine_restarts": float(fleet.engine_restarts()),
-                    "rollout/retried": float(sum("attempts" in tr.info for tr in traces)),
-                    "rollout/resent": float(sum(tr.info.get("requests_resent", 0) for tr in traces)),
-                }
-            )
+            # ---- log, checkpoint, evaluate ---------------------------------------------
+            metrics.update(step_perf(traces, metrics, waited_s, time.perf_counter() - began, fleet.engine_restarts()))
             done = step + 1
             # the checkpoint first: an eval that fails (the breaker) must not lose the step's training
-            if (t.save_every and done % t.save_every == 0) or done == t.steps:
-                # the steps in flight ran (partly) on weights older than the checkpoint's: they finish and
-                # are kept with it, since a resumed run could not generate them again
-                in_flight = (ahead - done) * t.groups_per_step - len(held)
-                held += fleet.take(in_flight, t.rollout_timeout_s) if in_flight else []
-                save(policies, run_dir, done, t.keep_last, held)
-            if (t.eval_every and done % t.eval_every == 0) or done == t.steps:
+            if every(loop.save_every, done, loop.steps):
+                held = save(policies, fleet, run_dir, done, ahead, held, loop)
+            if every(loop.eval_every, done, loop.steps):
                 final = evaluate(fleet, cfg, done)
-                m.update(trace_metrics(final, "eval") if final else {})
-            if t.rollouts_every and done % t.rollouts_every == 0:  # for the trace viewer and scripts/bench/e2e.py
-                write_jsonl(traces, run_dir / "rollouts" / f"step_{done}.jsonl")
-            if t.log_traces_every and done % t.log_traces_every == 0:
-                logger.traces(done, traces[:4], next(iter(policies.values())).format.decode)
-            logger.log(done, m)
-            logger.status(done, t.steps, m, list(policies))
+                metrics.update(trace_metrics(final, "eval") if final else {})
+            log_step(logger, run_dir, done, traces, metrics, policies, loop)
 
         # ---- summary ---------------------------------------------------------------------
-        summary = {
-            **eval_summary(initial, final),
-            "steps": t.steps,
-            "start_step": start,
-            "wall_s": round(time.time() - t_start, 1),
-            **policy_summary(fleet, policies),
-        }
+        summary = run_summary(initial, final, first, time.time() - started, fleet, policies, loop)
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
     return summary
 
@@ -167,34 +123,110 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def open_logger(cfg: TrainJobConfig, run_dir: Path, resume_step: int | None) -> RunLogger:
+    """metrics.jsonl and wandb (cfg.logger), the config logged with them; a resumed run keeps the
+    rows up to `resume_step`."""
+    wandb = cfg.logger
+    return RunLogger(run_dir, wandb.mode, wandb.project, wandb.name, asdict(cfg), resume_step)
+
+
 def step_tasks(step: int, groups_per_step: int) -> list[int]:
     """The task indices of `step`'s groups: a function of the step alone, so a resumed run
     sees the tasks the uninterrupted one would have."""
     return list(range(step * groups_per_step, (step + 1) * groups_per_step))
 
 
-def submit_steps(fleet: RolloutFleet, first: int, end: int, t: LoopConfig) -> int:
+def submit_steps(fleet: RolloutFleet, first: int, end: int, loop: LoopConfig) -> int:
     """Submit the groups of steps `first` .. `end - 1` (none past the last step); returns the
     first step not submitted."""
-    for k in range(first, min(t.steps, end)):
-        fleet.submit(step_tasks(k, t.groups_per_step))
-    return max(first, min(t.steps, end))
+    for k in range(first, min(loop.steps, end)):
+        fleet.submit(step_tasks(k, loop.groups_per_step))
+    return max(first, min(loop.steps, end))
 
 
-def save(policies: dict[str, TrainedPolicy], run_dir: Path, step: int, keep_last: int, held: list[list[Trace]]) -> None:
-    """One checkpoint of every trained policy at `step`, and the rollout groups `held` for the
-    steps after it, visible only once all are written; then only the newest `keep_last` are kept."""
+def step_traces(fleet: RolloutFleet, held: list[list[Trace]], loop: LoopConfig) -> tuple[list[Trace], list]:
+    """One step's traces (the first held groups, else the fleet's next complete ones) and the
+    groups still held. In the order of their ids, not of arrival (which varies from run to run):
+    the same groups pack into the same rows and micro-batches, so a resumed step repeats the
+    uninterrupted run's arithmetic."""
+    groups, held = held[: loop.groups_per_step], held[loop.groups_per_step :]
+    groups = groups or fleet.take(loop.groups_per_step, loop.rollout_timeout_s)
+    return sorted((tr for group in groups for tr in group), key=lambda tr: (tr.group, tr.id)), held
+
+
+def every(period: int, done: int, last: int | None = None) -> bool:
+    """Whether `done` steps are a multiple of `period` (0: never), or the `last` step."""
+    return bool(period and done % period == 0) or done == last
+
+
+def log_step(
+    logger: RunLogger,
+    run_dir: Path,
+    done: int,
+    traces: list[Trace],
+    metrics: dict[str, float],
+    policies: dict[str, TrainedPolicy],
+    loop: LoopConfig,
+) -> None:
+    """The step's row in metrics.jsonl (and wandb) and its status line; every so often its traces
+    to run_dir/rollouts/ (for the trace viewer and scripts/bench/e2e.py) and a few to wandb."""
+    if every(loop.rollouts_every, done):
+        write_jsonl(traces, run_dir / "rollouts" / f"step_{done}.jsonl")
+    if every(loop.log_traces_every, done):
+        logger.traces(done, traces[:4], next(iter(policies.values())).format.decode)
+    logger.log(done, metrics)
+    logger.status(done, loop.steps, metrics, list(policies))
+
+
+def run_summary(
+    initial: list[Trace],
+    final: list[Trace],
+    first: int,
+    wall_s: float,
+    fleet: RolloutFleet,
+    policies: dict[str, TrainedPolicy],
+    loop: LoopConfig,
+) -> dict:
+    """summary.json: the held-out eval before and after (paired), the steps this call ran from
+    `first`, its wall time, and each trained policy's totals."""
+    return {
+        **eval_summary(initial, final),
+        "steps": loop.steps,
+        "start_step": first,
+        "wall_s": round(wall_s, 1),
+        **policy_summary(fleet, policies),
+    }
+
+
+def save(
+    policies: dict[str, TrainedPolicy],
+    fleet: RolloutFleet,
+    run_dir: Path,
+    step: int,
+    ahead: int,
+    held: list[list[Trace]],
+    loop: LoopConfig,
+) -> list[list[Trace]]:
+    """One checkpoint of every trained policy at `step`, with the rollout groups of the steps
+    after it, visible only once all are written; then only the newest `keep_last` are kept.
+    Returns those groups: the ones `held`, and the steps in flight (up to `ahead`), let finish."""
+    # the steps in flight ran (partly) on weights older than the checkpoint's: they finish and
+    # are kept with it, since a resumed run could not generate them again
+    in_flight = (ahead - step) * loop.groups_per_step - len(held)
+    held = held + (fleet.take(in_flight, loop.rollout_timeout_s) if in_flight else [])
     checkpoint.start(run_dir, step)
     for policy in policies.values():
         policy.save(run_dir, step)
     checkpoint.save_rollouts(run_dir, step, held)
     checkpoint.finish(run_dir, step, {p: policy.version for p, policy in policies.items()})
-    checkpoint.prune(run_dir, keep_last, step)
+    checkpoint.prune(run_dir, loop.keep_last, step)
+    return held
 
 
-def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> tuple[int, list[list[Trace]]]:
+def restore(policies: dict[str, TrainedPolicy], run_dir: Path, loop: LoopConfig) -> tuple[int, list[list[Trace]]]:
     """Every trained policy from the newest checkpoint of `run_dir` that loads (the one before
-    if the newest is damaged); returns its step and the rollout groups kept with it."""
+    if the newest is damaged); returns its step and the rollout groups kept with it (whole steps
+    of `loop.groups_per_step`, else ValueError)."""
     held = []
 
     def load(ckpt: Path, state: dict) -> None:
@@ -212,6 +244,11 @@ def restore(policies: dict[str, TrainedPolicy], run_dir: Path) -> tuple[int, lis
             policy.restore(ckpt, state["versions"][p])
 
     ckpt, state = checkpoint.load_newest(run_dir, load)
+    if len(held) % loop.groups_per_step:
+        raise ValueError(
+            f"the checkpoint keeps {len(held)} rollout groups, not whole steps of "
+            f"trainer.groups_per_step={loop.groups_per_step}: resume with the run's own value"
+        )
     log.info(
         f"[train] resumed from {ckpt} at step {state['step']}"
         + (f" with {len(held)} rollout groups of the steps after it" if held else "")

@@ -66,6 +66,22 @@ def step_totals(m: dict[str, float], policies: list[str]) -> dict[str, float]:
     }
 
 
+def step_perf(
+    traces: list[Trace], m: dict[str, float], waited_s: float, step_s: float, engine_restarts: int
+) -> dict[str, float]:
+    """perf/* of the whole step (`waited_s` of its `step_s` waiting for the rollout; generated
+    tokens per second of step), and the rollout's recoveries: engine restarts so far, traces
+    retried and requests resent this step."""
+    return {
+        "perf/rollout_wait_s": waited_s,
+        "perf/step_s": step_s,
+        "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s,
+        "rollout/engine_restarts": float(engine_restarts),
+        "rollout/retried": float(sum("attempts" in tr.info for tr in traces)),
+        "rollout/resent": float(sum(tr.info.get("requests_resent", 0) for tr in traces)),
+    }
+
+
 def rollout_split(before: list[dict], after: list[dict], window_s: float) -> dict[str, float]:
     """Where the engines' time went over a rollout window of `window_s` seconds, from two
     snapshots of `Engine.info()` (at its start and its end; an engine whose pid changed between

@@ -2,7 +2,7 @@
 engines, and its version clock. A run has one per trainable policy.
 
     with TrainedPolicy(cfg, "solver", fleet) as policy:
-        metrics = policy.train(traces, max_staleness)   # its rows only -> one step -> sync
+        metrics = policy.step(traces, max_staleness)   # its rows only -> one step -> sync
         policy.save(run_dir, step)
 
 The version counts this policy's optimizer steps; every sequence records the
@@ -153,7 +153,7 @@ class TrainedPolicy:
         versions = [s.version for s in trace.sequences if s.trainable and s.policy == self.name]
         return self.version - min(versions) if versions else 0
 
-    def train(self, traces: list[Trace], max_staleness: int) -> dict[str, float]:
+    def step(self, traces: list[Trace], max_staleness: int) -> dict[str, float]:
         """This policy's view of the traces; those more than `max_staleness` versions behind its clock
         left out (counted); advantages per sequence, loss weights, exact-prefix rows of its own
         sequences, packed micro-batches, one optimizer step, then the new weights to its engines as

@@ -32,12 +32,9 @@ class TraceBuffer:
         self.errors: list[str] = []  # latest rejection reasons
         self._max_errors_kept = max_errors_kept
 
-    async def put(self, trace: Trace | dict[str, Any]) -> bool:
-        """Add one trace; returns False (and records why) if it is malformed."""
-        return await self.offer(trace) is None
-
-    async def offer(self, trace: Trace | dict[str, Any]) -> str | None:
-        """Add one trace; returns why it was rejected (also recorded), None if it was taken."""
+    async def put(self, trace: Trace | dict[str, Any]) -> str | None:
+        """Add one trace; returns why it was rejected (also recorded) if it is malformed, None if
+        it was taken."""
         try:
             if isinstance(trace, dict):
                 trace = Trace.from_dict(trace)

@@ -15,7 +15,7 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from harnesses.base import as_result, collect_scoring_notes, load_harness
+from harnesses.base import HarnessResult, as_result, collect_scoring_notes, load_harness
 from harnesses.verifiers.scoring import ScoringScope
 from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.agents.gateway import Gateway, GatewayLimits
@@ -91,21 +91,7 @@ class RolloutWorker:
     ) -> tuple[Trace, bool]:
         """One run of the harness on `task`: the trace, and whether an engine failure ended it."""
         recorder = TraceRecorder(f"{group}#{sample}")
-        agents = {
-            role: Agent(
-                role,
-                policy,
-                self.routers[policy],
-                self.formats[policy],
-                recorder,
-                sampling or self.sampling,
-                seed=self.seed,
-                trainable=self.trainable[policy],
-                max_model_len=self.max_model_len[policy],
-                gateway=self.gateway,
-            )
-            for role, policy in self.agents.items()
-        }
+        agents = self._agents(recorder, sampling or self.sampling)
         start = time.time()
         status, error, result, engine_failed = "ok", None, None, False
         deadline = asyncio.timeout(self.cfg.timeout_s)
@@ -132,6 +118,40 @@ class RolloutWorker:
         resent = sum(router.resent.pop(recorder.trace_id, 0) for router in self.routers.values())
         if status == "ok" and any(s.finish_reason == "length" for s in recorder.sequences):
             status = "truncated"
+        info = {**({"requests_resent": resent} if resent else {}), **({"scoring": notes[-5:]} if notes else {})}
+        return self._trace(task, group, recorder, result, status, error, info, start), engine_failed
+
+    def _agents(self, recorder: TraceRecorder, sampling: SamplingConfig) -> dict[str, Agent]:
+        """One run's agents, a role each, recording into `recorder`."""
+        return {
+            role: Agent(
+                role,
+                policy,
+                self.routers[policy],
+                self.formats[policy],
+                recorder,
+                sampling,
+                seed=self.seed,
+                trainable=self.trainable[policy],
+                max_model_len=self.max_model_len[policy],
+                gateway=self.gateway,
+            )
+            for role, policy in self.agents.items()
+        }
+
+    def _trace(
+        self,
+        task,
+        group: str,
+        recorder: TraceRecorder,
+        result: HarnessResult | None,
+        status: str,
+        error: str | None,
+        info: dict[str, Any],
+        start: float,
+    ) -> Trace:
+        """The run's trace; a failed one, naming why, if the harness's result makes no valid trace.
+        `info`: the worker's own notes (requests resent, scoring notes), after the harness's."""
         end = time.time()
         fields = dict(
             id=recorder.trace_id,
@@ -141,18 +161,13 @@ class RolloutWorker:
             agent_rewards=result.agent_rewards if result else None,
             status=status,
             error=error,
-            info={
-                **(result.info if result else {}),
-                **self._task_info(task),
-                **({"requests_resent": resent} if resent else {}),
-                **({"scoring": notes[-5:]} if notes else {}),
-            },
+            info={**(result.info if result else {}), **self._task_info(task), **info},
             timings={"start": start, "end": end, "duration_s": end - start},
         )
         try:
-            trace = Trace(**fields)
+            return Trace(**fields)
         except TraceError as e:  # e.g. agent_rewards naming a role that never spoke
-            trace = Trace(
+            return Trace(
                 **{
                     **fields,
                     "status": "failed",
@@ -161,7 +176,6 @@ class RolloutWorker:
                     "info": self._task_info(task),
                 }
             )
-        return trace, engine_failed
 
     def _task_info(self, task) -> dict[str, Any]:
         """What every trace's info says of its task (a harness's own info cannot overwrite it: the
@@ -181,7 +195,7 @@ class RolloutWorker:
         async def one(task, sample: int) -> None:
             async with sem:
                 trace = await self.episode(task, task.id, sample)
-            rejected = await self.buffer.offer.remote(trace)
+            rejected = await self.buffer.put.remote(trace)
             if rejected is not None:  # its group still completes: with a failed trace in its place
                 self.counts["traces_rejected"] += 1
                 await self.buffer.put.remote(

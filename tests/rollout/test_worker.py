@@ -110,15 +110,15 @@ def test_buffer_rejects_malformed_traces_with_reason(ray_cluster):
             }
         ],
     }
-    assert ray.get(buffer.put.remote(good)) is True
-    assert ray.get(buffer.put.remote(oov)) is False
-    assert ray.get(buffer.put.remote(bad_dict)) is False
+    assert ray.get(buffer.put.remote(good)) is None  # taken
+    assert "9999 is out of vocabulary" in ray.get(buffer.put.remote(oov))  # rejected: why
+    assert "logprobs has 1 entries" in ray.get(buffer.put.remote(bad_dict))
     stats = ray.get(buffer.stats.remote())
     assert stats["rejected"] == 2 and stats["received"] == 1
     assert "9999 is out of vocabulary" in stats["last_errors"][0]
     assert "logprobs has 1 entries but completion_ids has 2" in stats["last_errors"][1]
     # the group is incomplete (1 of 2): nothing is released
     assert ray.get(buffer.get.remote(1, timeout_s=0.2)) == []
-    assert ray.get(buffer.put.remote(good.__class__(**{**good.to_dict(), "id": "a2"})))
+    assert ray.get(buffer.put.remote(good.__class__(**{**good.to_dict(), "id": "a2"}))) is None
     [group] = ray.get(buffer.get.remote(1, timeout_s=1))
     assert [t.id for t in group] == ["a", "a2"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rollout.trace import Sequence, Trace
-from trainer.advantages import advantage_stats, batch_mean, compute_advantages, grpo, rloo, uniform
+from trainer.advantages import advantage_stats, compute_advantages
 from trainer.config import AdvantageConfig
 
 pytestmark = pytest.mark.unit
@@ -38,49 +38,55 @@ def flat(advs):
     return [row[0] for row in advs]
 
 
+def advantages(estimator: str, traces: list[Trace], **opts) -> list[list[float]]:
+    """compute_advantages under AdvantageConfig(estimator=estimator, **opts): the config's
+    defaults otherwise (scale_by_std=True, eps=1e-6)."""
+    return compute_advantages(traces, AdvantageConfig(estimator=estimator, **opts))
+
+
 # -- GRPO -------------------------------------------------------------------------
 
 
 def test_grpo_1001_without_std():
     # mean = 0.5 -> A = R - 0.5
-    advs = grpo([trace(r) for r in (1, 0, 0, 1)], scale_by_std=False)
+    advs = advantages("grpo", [trace(r) for r in (1, 0, 0, 1)], scale_by_std=False)
     assert flat(advs) == [0.5, -0.5, -0.5, 0.5]
 
 
 def test_grpo_1001_with_population_std():
     ts = [trace(r) for r in (1, 0, 0, 1)]
     # population std = sqrt(mean((R - 0.5)^2)) = sqrt(0.25) = 0.5 -> A = +-0.5 / 0.5 = +-1
-    assert flat(grpo(ts, eps=0.0)) == [1.0, -1.0, -1.0, 1.0]
+    assert flat(advantages("grpo", ts, eps=0.0)) == [1.0, -1.0, -1.0, 1.0]
     # with the default eps = 1e-6: +-0.5 / 0.500001 = +-0.999998
-    assert flat(grpo(ts)) == pytest.approx([0.999998, -0.999998, -0.999998, 0.999998], abs=1e-9)
+    assert flat(advantages("grpo", ts)) == pytest.approx([0.999998, -0.999998, -0.999998, 0.999998], abs=1e-9)
     # not the sample std (ddof=1): sqrt(1/3) = 0.57735 would give +-0.866025
-    assert flat(grpo(ts, eps=0.0))[0] != pytest.approx(0.866025, abs=1e-3)
+    assert flat(advantages("grpo", ts, eps=0.0))[0] != pytest.approx(0.866025, abs=1e-3)
 
 
 def test_grpo_all_equal_rewards_exactly_zero():
     # 0.1 is not exact in binary: the mean of [0.1]*3 need not equal 0.1; still exactly 0.
     for rewards in ([0.7, 0.7, 0.7], [0.1, 0.1, 0.1], [0.0, 0.0], [1.0] * 8):
         for scale in (True, False):
-            advs = flat(grpo([trace(r) for r in rewards], scale_by_std=scale))
+            advs = flat(advantages("grpo", [trace(r) for r in rewards], scale_by_std=scale))
             assert advs == [0.0] * len(rewards)
             assert all(math.isfinite(a) for a in advs)
     # eps = 0 would divide by 0: still exactly 0
-    assert flat(grpo([trace(0.3), trace(0.3)], eps=0.0)) == [0.0, 0.0]
+    assert flat(advantages("grpo", [trace(0.3), trace(0.3)], eps=0.0)) == [0.0, 0.0]
 
 
 def test_groups_are_independent_and_order_is_kept():
     # interleaved groups: g1 = [1, 0] -> mean 0.5; g2 = [3, 5] -> mean 4
     ts = [trace(1, "g1"), trace(3, "g2"), trace(0, "g1"), trace(5, "g2")]
-    assert flat(grpo(ts, scale_by_std=False)) == [0.5, -1.0, -0.5, 1.0]
+    assert flat(advantages("grpo", ts, scale_by_std=False)) == [0.5, -1.0, -0.5, 1.0]
     # with population std: g1 std 0.5 -> +-1; g2 std 1 -> +-1
-    assert flat(grpo(ts, eps=0.0)) == [1.0, -1.0, -1.0, 1.0]
+    assert flat(advantages("grpo", ts, eps=0.0)) == [1.0, -1.0, -1.0, 1.0]
 
 
 def test_single_trace_groups_get_zero():
     ts = [trace(1.0, "g1"), trace(0.3, "g2"), trace(-2.0, "g3")]
-    assert flat(grpo(ts)) == [0.0, 0.0, 0.0]
-    assert flat(grpo(ts, scale_by_std=False)) == [0.0, 0.0, 0.0]
-    assert flat(rloo(ts)) == [0.0, 0.0, 0.0]
+    assert flat(advantages("grpo", ts)) == [0.0, 0.0, 0.0]
+    assert flat(advantages("grpo", ts, scale_by_std=False)) == [0.0, 0.0, 0.0]
+    assert flat(advantages("rloo", ts)) == [0.0, 0.0, 0.0]
 
 
 # -- RLOO ---------------------------------------------------------------------------
@@ -88,7 +94,7 @@ def test_single_trace_groups_get_zero():
 
 def test_rloo_100():
     # A_0 = 1 - (0+0)/2 = 1;  A_1 = 0 - (1+0)/2 = -0.5;  A_2 = 0 - (1+0)/2 = -0.5
-    assert flat(rloo([trace(r) for r in (1, 0, 0)])) == [1.0, -0.5, -0.5]
+    assert flat(advantages("rloo", [trace(r) for r in (1, 0, 0)])) == [1.0, -0.5, -0.5]
 
 
 def test_rloo_ignores_scale_by_std():
@@ -103,18 +109,18 @@ def test_rloo_ignores_scale_by_std():
 def test_batch_mean_across_two_groups():
     ts = [trace(1, "g1"), trace(0, "g1"), trace(1, "g2"), trace(1, "g2")]
     # batch mean = 3/4 = 0.75 -> A = R - 0.75 (groups ignored)
-    assert flat(batch_mean(ts)) == [0.25, -0.75, 0.25, 0.25]
+    assert flat(advantages("batch_mean", ts, scale_by_std=False)) == [0.25, -0.75, 0.25, 0.25]
     # population var = (3 * 0.25^2 + 0.75^2) / 4 = 0.1875 -> std = sqrt(3)/4 = 0.4330127
     # 0.25 / 0.4330127 = 1/sqrt(3) = 0.5773503;  -0.75 / 0.4330127 = -sqrt(3) = -1.7320508
-    got = flat(batch_mean(ts, scale_by_std=True, eps=0.0))
+    got = flat(advantages("batch_mean", ts, scale_by_std=True, eps=0.0))
     assert got == pytest.approx([0.5773503, -1.7320508, 0.5773503, 0.5773503], abs=1e-7)
     # grpo on the same batch: g1 -> [0.5, -0.5], g2 all equal -> [0, 0]
-    assert flat(grpo(ts, scale_by_std=False)) == [0.5, -0.5, 0.0, 0.0]
+    assert flat(advantages("grpo", ts, scale_by_std=False)) == [0.5, -0.5, 0.0, 0.0]
 
 
 def test_uniform_is_the_raw_reward():
     ts = [trace(1, "g1"), trace(0, "g1"), trace(0.25, "g2")]
-    assert flat(uniform(ts)) == [1.0, 0.0, 0.25]
+    assert flat(advantages("uniform", ts)) == [1.0, 0.0, 0.25]
     assert flat(compute_advantages(ts, AdvantageConfig(estimator="uniform"))) == [1.0, 0.0, 0.25]
 
 
@@ -125,8 +131,8 @@ def test_frozen_zero_and_every_trainable_sequence_same_advantage():
     multi = [seq("solver"), seq("solver", parent=0), seq("judge", policy="frozen", trainable=False), seq("verifier")]
     ts = [trace(1, seqs=multi), trace(0, seqs=[seq("solver"), seq("judge", trainable=False)])]
     # group [1, 0], population std 0.5 -> +-1
-    assert grpo(ts, eps=0.0) == [[1.0, 1.0, 0.0, 1.0], [-1.0, 0.0]]
-    assert uniform(ts) == [[1.0, 1.0, 0.0, 1.0], [0.0, 0.0]]
+    assert advantages("grpo", ts, eps=0.0) == [[1.0, 1.0, 0.0, 1.0], [-1.0, 0.0]]
+    assert advantages("uniform", ts) == [[1.0, 1.0, 0.0, 1.0], [0.0, 0.0]]
 
 
 # -- failed traces ------------------------------------------------------------------
@@ -145,15 +151,15 @@ def test_failed_traces_zero_and_excluded_from_statistics(estimator):
 def test_failed_traces_hand_values():
     ts = [trace(1), trace(0), trace(5.0, status="failed")]
     # grpo on [1, 0]: +-1 (std 0.5); rloo on [1, 0]: [1 - 0, 0 - 1] = [1, -1]
-    assert flat(grpo(ts, eps=0.0)) == [1.0, -1.0, 0.0]
-    assert flat(rloo(ts)) == [1.0, -1.0, 0.0]
+    assert flat(advantages("grpo", ts, eps=0.0)) == [1.0, -1.0, 0.0]
+    assert flat(advantages("rloo", ts)) == [1.0, -1.0, 0.0]
     # a group whose only other trace failed is a group of one -> 0
-    assert flat(grpo([trace(1), trace(0, status="failed")])) == [0.0, 0.0]
+    assert flat(advantages("grpo", [trace(1), trace(0, status="failed")])) == [0.0, 0.0]
 
 
 def test_truncated_traces_count():
     ts = [trace(1), trace(0, status="truncated")]
-    assert flat(grpo(ts, scale_by_std=False)) == [0.5, -0.5]
+    assert flat(advantages("grpo", ts, scale_by_std=False)) == [0.5, -0.5]
 
 
 # -- per-agent rewards --------------------------------------------------------------
@@ -166,25 +172,25 @@ def two_role_trace(ra, rb, reward=0.0, group="g"):
 def test_per_agent_rewards_flow_to_their_role():
     # zero-sum game: a wins the first, b the second
     ts = [two_role_trace(1, -1), two_role_trace(-1, 1)]
-    assert uniform(ts, per_agent_rewards=True) == [[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
+    assert advantages("uniform", ts, per_agent_rewards=True) == [[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
     # role a pool [1, -1] -> mean 0; role b pool [-1, 1] -> mean 0
-    assert grpo(ts, per_agent_rewards=True, scale_by_std=False) == [[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
+    assert advantages("grpo", ts, per_agent_rewards=True, scale_by_std=False) == [[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
     # without the option the trace reward (0 for both) is used: all 0
-    assert grpo(ts) == [[0.0] * 3, [0.0] * 3]
+    assert advantages("grpo", ts) == [[0.0] * 3, [0.0] * 3]
 
 
 def test_per_agent_baselines_are_per_role():
     ts = [two_role_trace(1, 10), two_role_trace(0, 20)]
     # a: [1, 0] mean 0.5 -> [0.5, -0.5];  b: [10, 20] mean 15 -> [-5, 5]
     # (one pooled mean over [1, 10, 0, 20] = 7.75 would give a very different answer)
-    assert grpo(ts, per_agent_rewards=True, scale_by_std=False) == [[0.5, -5.0, 0.5], [-0.5, 5.0, -0.5]]
+    assert advantages("grpo", ts, per_agent_rewards=True, scale_by_std=False) == [[0.5, -5.0, 0.5], [-0.5, 5.0, -0.5]]
     # with std: a std 0.5 -> +-1; b std 5 -> +-1
-    assert grpo(ts, per_agent_rewards=True, eps=0.0) == [[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
+    assert advantages("grpo", ts, per_agent_rewards=True, eps=0.0) == [[1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
     # rloo per role: a: [1 - 0, 0 - 1] = [1, -1]; b: [10 - 20, 20 - 10] = [-10, 10]
-    assert rloo(ts, per_agent_rewards=True) == [[1.0, -10.0, 1.0], [-1.0, 10.0, -1.0]]
+    assert advantages("rloo", ts, per_agent_rewards=True) == [[1.0, -10.0, 1.0], [-1.0, 10.0, -1.0]]
     # batch_mean per role across two groups: a: [1, 0, 1] mean 2/3; b: [10, 20, 40] mean 70/3
     ts3 = ts + [two_role_trace(1, 40, group="other")]
-    got = batch_mean(ts3, per_agent_rewards=True)
+    got = advantages("batch_mean", ts3, scale_by_std=False, per_agent_rewards=True)
     assert got[0] == pytest.approx([1 / 3, 10 - 70 / 3, 1 / 3])
     assert got[1] == pytest.approx([-2 / 3, 20 - 70 / 3, -2 / 3])
     assert got[2] == pytest.approx([1 / 3, 40 - 70 / 3, 1 / 3])
@@ -219,10 +225,10 @@ def test_per_agent_falls_back_to_trace_reward():
         trace(3, seqs=[seq("a"), seq("c")], agent_rewards={"a": 1.0}),
         trace(1, seqs=[seq("a"), seq("c")], agent_rewards={"a": 0.0}),
     ]
-    assert grpo(ts, per_agent_rewards=True, scale_by_std=False) == [[0.5, 1.0], [-0.5, -1.0]]
+    assert advantages("grpo", ts, per_agent_rewards=True, scale_by_std=False) == [[0.5, 1.0], [-0.5, -1.0]]
     # no agent_rewards at all -> same as trace-level
     plain = [trace(1, seqs=[seq("a"), seq("b")]), trace(0, seqs=[seq("a"), seq("b")])]
-    assert grpo(plain, per_agent_rewards=True) == grpo(plain)
+    assert advantages("grpo", plain, per_agent_rewards=True) == advantages("grpo", plain)
 
 
 # -- per-agent normalisation --------------------------------------------------------
@@ -232,9 +238,9 @@ def test_normalize_per_agent_hand_values():
     # a rewards [1, 0, 0, 1] -> grpo (no std) [.5, -.5, -.5, .5], batch std .5 -> +-1
     # b rewards [100, 0, 0, 100] -> [50, -50, -50, 50], batch std 50 -> +-1
     ts = [two_role_trace(ra, rb) for ra, rb in [(1, 100), (0, 0), (0, 0), (1, 100)]]
-    raw = grpo(ts, per_agent_rewards=True, scale_by_std=False)
+    raw = advantages("grpo", ts, per_agent_rewards=True, scale_by_std=False)
     assert [row[:2] for row in raw] == [[0.5, 50.0], [-0.5, -50.0], [-0.5, -50.0], [0.5, 50.0]]
-    got = grpo(ts, per_agent_rewards=True, scale_by_std=False, normalize_per_agent=True, eps=0.0)
+    got = advantages("grpo", ts, per_agent_rewards=True, scale_by_std=False, normalize_per_agent=True, eps=0.0)
     assert got == [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]]
 
 
@@ -259,7 +265,7 @@ def test_normalize_per_agent_makes_scales_comparable(estimator):
 def test_normalize_per_agent_constant_role_left_unchanged():
     # uniform, trace-level: every trace reward 2 -> std 0 -> advantages stay 2 (not 2/eps)
     ts = [trace(2.0), trace(2.0)]
-    assert flat(uniform(ts, normalize_per_agent=True)) == [2.0, 2.0]
+    assert flat(advantages("uniform", ts, normalize_per_agent=True)) == [2.0, 2.0]
 
 
 # -- per-turn rewards ---------------------------------------------------------------
@@ -271,12 +277,12 @@ def test_turn_rewards_are_a_bonus_without_baseline():
         trace(0, seqs=[seq(), seq(reward=-0.25)]),
     ]
     # trace level: group [1, 0] mean 0.5 -> +-0.5; turn rewards are added as is
-    assert grpo(ts, scale_by_std=False, use_turn_rewards=True) == [[0.5, 1.0, 0.0], [-0.5, -0.75]]
+    assert advantages("grpo", ts, scale_by_std=False, use_turn_rewards=True) == [[0.5, 1.0, 0.0], [-0.5, -0.75]]
     # off: the per-turn rewards are ignored
-    assert grpo(ts, scale_by_std=False) == [[0.5, 0.5, 0.0], [-0.5, -0.5]]
+    assert advantages("grpo", ts, scale_by_std=False) == [[0.5, 0.5, 0.0], [-0.5, -0.5]]
     # failed traces stay 0 even with turn rewards
     failed = trace(1, status="failed", seqs=[seq(reward=1.0)])
-    assert grpo([failed], use_turn_rewards=True) == [[0.0]]
+    assert advantages("grpo", [failed], use_turn_rewards=True) == [[0.0]]
 
 
 # -- config -------------------------------------------------------------------------
@@ -300,7 +306,7 @@ def test_empty_batch_and_default_config():
 
 def test_advantage_stats():
     ts = [trace(1, seqs=[seq(), seq(trainable=False)]), trace(0), trace(9, status="failed")]
-    advs = grpo(ts, eps=0.0)  # [[1, 0], [-1], [0]]
+    advs = advantages("grpo", ts, eps=0.0)  # [[1, 0], [-1], [0]]
     st = advantage_stats(ts, advs)
     # over trainable sequences of ok traces: [1, -1]
     assert st == {"mean": 0.0, "std": 1.0, "min": -1.0, "max": 1.0, "count": 2.0, "frac_zero": 0.0}
@@ -332,12 +338,17 @@ def test_large_finite_rewards_give_finite_advantages():
     std's squares overflowed) and [1e308, -1e308, 0, 1] silently gave zeros (std inf). The
     statistics are taken on rewards scaled by a power of two: the same values as for [1, 1, 0, 0]
     and [1, -1, ~0, ~0]."""
-    assert flat(grpo([trace(r) for r in (1e308, 1e308, 0, 0)], eps=0.0)) == [1.0, 1.0, -1.0, -1.0]
-    big = flat(grpo([trace(r) for r in (1e308, -1e308, 0, 1)]))
+    assert flat(advantages("grpo", [trace(r) for r in (1e308, 1e308, 0, 0)], eps=0.0)) == [1.0, 1.0, -1.0, -1.0]
+    big = flat(advantages("grpo", [trace(r) for r in (1e308, -1e308, 0, 1)]))
     assert big[:2] == pytest.approx([math.sqrt(2), -math.sqrt(2)]) and all(map(math.isfinite, big))
     assert big[3] > 0 > big[2]  # 1 is above the group's mean (0.25), 0 below: their order kept
-    assert flat(batch_mean([trace(r) for r in (1e308, 1e308, 0, 0)], scale_by_std=True, eps=0.0)) == [1, 1, -1, -1]
-    loo = flat(rloo([trace(r) for r in (1e308, -1e308, 0, 1)]))
+    assert flat(advantages("batch_mean", [trace(r) for r in (1e308, 1e308, 0, 0)], scale_by_std=True, eps=0.0)) == [
+        1,
+        1,
+        -1,
+        -1,
+    ]
+    loo = flat(advantages("rloo", [trace(r) for r in (1e308, -1e308, 0, 1)]))
     assert loo == pytest.approx([1e308 + 1e308 / 3, -1e308 - 1e308 / 3, -1 / 3, 1.0])
     per_role = [trace(r, seqs=[seq("a"), seq("b")]) for r in (1e308, 1e308, 0, 0)]
     advs = compute_advantages(per_role, AdvantageConfig(normalize_per_agent=True, eps=0.0))
@@ -349,8 +360,8 @@ def test_scaling_changes_no_advantage_of_ordinary_rewards():
     formula computed directly, to the bit."""
     rewards = np.array([0.3, 0.7, 0.1, 0.9, 0.25])
     mean, std = rewards.mean(), rewards.std()
-    assert flat(grpo([trace(float(r)) for r in rewards])) == list((rewards - mean) / (std + 1e-6))
-    assert flat(rloo([trace(float(r)) for r in rewards])) == list(rewards - (rewards.sum() - rewards) / 4)
+    assert flat(advantages("grpo", [trace(float(r)) for r in rewards])) == list((rewards - mean) / (std + 1e-6))
+    assert flat(advantages("rloo", [trace(float(r)) for r in rewards])) == list(rewards - (rewards.sum() - rewards) / 4)
 
 
 def test_advantages_that_are_not_finite_are_refused_naming_the_trace():
@@ -359,7 +370,7 @@ def test_advantages_that_are_not_finite_are_refused_naming_the_trace():
     difference no float holds: the group is refused, naming its trace (rewards within
     harness.reward_range never get here)."""
     ts = [trace(r, group="huge") for r in (1.7e308, -1.7e308, -1.7e308)]
-    for estimator in (rloo, lambda t: grpo(t, scale_by_std=False)):
+    for estimator in (lambda t: advantages("rloo", t), lambda t: advantages("grpo", t, scale_by_std=False)):
         with pytest.raises(ValueError, match=rf"trace '{ts[0].id}' of group 'huge' has advantages .* not finite"):
             estimator(ts)
     turn = [trace(1.7e308, seqs=[seq(reward=1.7e308)]), trace(0.0)]

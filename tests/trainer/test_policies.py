@@ -96,7 +96,7 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
             start = a.learners.param_digests()
             assert b.learners.param_digests() == start, "both start from the same weights"
             base = ray.get(a.learners.ranks[0].base_digest.remote(), timeout=60)
-            metrics = {**a.train(traces, 0), **b.train(traces, 0)}
+            metrics = {**a.step(traces, 0), **b.step(traces, 0)}
             if lora:  # the base weights never change; only the adapters were sent
                 assert all(ray.get(p.learners.ranks[0].base_digest.remote(), timeout=60) == base for p in (a, b))
                 assert all(0 < metrics[f"sync/{p}/bytes"] < 1e6 for p in ("solver_p", "verifier_p"))
@@ -126,7 +126,7 @@ def test_each_policy_trains_on_its_own_roles_only(ray_cluster, tmp_path, lora):
         # the same batch with the other policy's sequences removed trains each policy to the same weights
         for name, other in (("solver_p", "verifier_p"), ("verifier_p", "solver_p")):
             with TrainedPolicy(cfg, name, fleet) as alone:
-                alone.train([without(tr, other) for tr in traces], 0)
+                alone.step([without(tr, other) for tr in traces], 0)
                 assert alone.learners.param_digests() == after[name], name
 
         # the frozen policy: never trained, never synced

@@ -143,7 +143,7 @@ class TaskSource(ABC):
 
     def scoring_roles(self) -> list[str]:
         """Agent roles that the tasks' scoring asks (an LLM judge's); each must be mapped to a
-        frozen policy (rollout/config.py checks)."""
+        frozen policy (rollout/checks.py checks)."""
         return []
 
     @property

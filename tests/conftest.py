@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import lane
+from tests.lane import meminfo_gib
+
 ROOT = Path(__file__).resolve().parents[1]
 # Ray workers inherit the driver's environment: make `tests.*` importable there
 # (test-only harnesses live under tests/).
@@ -85,14 +88,11 @@ def pytest_collection_finish(session):
 
         jobs |= test_relay_runs_quick.lane_jobs()
     if jobs:
-        from tests import lane
-
         lane.launch(jobs)
 
 
 def pytest_sessionfinish(session):
-    lane = sys.modules.get("tests.lane")
-    if lane is not None:  # the suite's time: the lane's jobs can be its tail
+    if lane.launched():  # the suite's time: the lane's jobs can be its tail
         MEMORY["lane"] = lane.stop()
 
 
@@ -113,16 +113,6 @@ def pytest_terminal_summary(terminalreporter):
 SAMPLE_S = 1.0
 MEMORY_WAIT_S = 180  # how long a test that needs memory waits for it (the lane's jobs end, a run ends)
 MEMORY: dict = {}  # the sampler's peak, and the lane's line for the summary
-
-
-def meminfo_gib() -> tuple[float, float]:
-    """(total, available) GiB of the machine, from /proc/meminfo (available: what can be had
-    without swapping, page cache included)."""
-    kib = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        key, value = line.split(":", 1)
-        kib[key] = int(value.split()[0])
-    return kib["MemTotal"] / 2**20, kib["MemAvailable"] / 2**20
 
 
 def sample_memory(stop: threading.Event) -> None:

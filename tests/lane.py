@@ -27,6 +27,9 @@ _jobs: dict[str, concurrent.futures.Future] = {}
 _queue: queue.SimpleQueue = queue.SimpleQueue()  # (name, args, deadline, future) in launch order; None ends a worker
 _workers: list[threading.Thread] = []
 WORKERS_AT_THE_END = 2  # the box's cores
+# the second worker takes a job only while the machine uses less: a script run of the tiny model
+# (its Ray, engine, learner ranks) takes ~3-4 GiB, and the suite's budget is a peak of 12 GiB
+SECOND_JOB_BELOW_GIB = 8.0
 _since = time.monotonic()  # the session's start (this module is imported at collection)
 walls: dict[str, tuple[float, float]] = {}  # job -> (its start, seconds into the session; its wall seconds)
 
@@ -54,9 +57,25 @@ def run_script(args: list[str], deadline_s: float, name: str | None = None) -> d
     return json.loads(lines[-1])
 
 
-def work() -> None:
-    """A worker of the lane: the queued jobs, in order, until a None."""
-    while (job := _queue.get()) is not None:
+def meminfo_gib() -> tuple[float, float]:
+    """(total, available) GiB of the machine, from /proc/meminfo (available: what can be had
+    without swapping, page cache included)."""
+    kib = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, value = line.split(":", 1)
+        kib[key] = int(value.split()[0])
+    return kib["MemTotal"] / 2**20, kib["MemAvailable"] / 2**20
+
+
+def room_for_a_second_job() -> bool:
+    total, available = meminfo_gib()
+    return total - available < SECOND_JOB_BELOW_GIB
+
+
+def work(second: bool = False) -> None:
+    """A worker of the lane: the queued jobs, in order, until a None. The second stops when the
+    machine has no room for another job (the first goes on)."""
+    while not (second and not room_for_a_second_job()) and (job := _queue.get()) is not None:
         name, args, deadline_s, future = job
         if future.set_running_or_notify_cancel():  # False: dropped by `stop`
             try:
@@ -66,7 +85,7 @@ def work() -> None:
 
 
 def add_worker() -> None:
-    thread = threading.Thread(target=work, name=f"lane-{len(_workers)}", daemon=True)
+    thread = threading.Thread(target=work, args=(bool(_workers),), name=f"lane-{len(_workers)}", daemon=True)
     thread.start()
     _workers.append(thread)
 
@@ -78,6 +97,10 @@ def launch(jobs: dict[str, tuple[list[str], float]]) -> None:
     for name, (args, deadline_s) in jobs.items():
         _jobs[name] = concurrent.futures.Future()
         _queue.put((name, args, deadline_s, _jobs[name]))
+
+
+def launched() -> bool:
+    return bool(_workers)
 
 
 def result(name: str) -> dict:

@@ -32,7 +32,8 @@ from rollout.log import setup_logging
 from rollout.orchestration.cluster import start_ray
 from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Sequence, Trace
-from trainer.config import compose, validate
+from trainer.checks import validate
+from trainer.config import compose
 from trainer.policy import TrainedPolicy
 
 GROUPS, PER_GROUP, SCORED = 2, 4, 4  # completions sampled; how many of them are scored for parity

@@ -36,7 +36,8 @@ from rollout.orchestration.fleet import RolloutFleet
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
 from trainer import checkpoint
-from trainer.config import LoopConfig, TrainJobConfig, validate
+from trainer.checks import validate
+from trainer.config import LoopConfig, TrainJobConfig
 from trainer.evaluation import eval_sampling
 from trainer.metrics import RunLogger, rollout_split, step_perf, step_totals, write_atomic
 from trainer.policy import TrainedPolicy, start_learners, trained_policies

@@ -21,7 +21,8 @@ from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Trace
 from tests.conftest import read_metrics
 from trainer import checkpoint
-from trainer.config import compose, validate
+from trainer.checks import validate
+from trainer.config import compose
 from trainer.loop import train
 from trainer.policy import TrainedPolicy, trained_policies
 from trainer.summary import policy_summary

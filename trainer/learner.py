@@ -4,7 +4,7 @@ Driven by trainer/learner_group.py, which starts `world_size` of these, calls
 `setup` on all of them at once (DeepSpeed's rendezvous needs every rank), and
 broadcasts every collective call (`train_step`, `export_weights`, `write_hf`,
 `broadcast_weights`, `save`, `load`, `logprobs`) to all ranks. Rank 0 alone
-hosts the weight group to the engines (rollout/weights/group.py).
+hosts the weight group to the engines (rollout/engine/weight_group.py).
 
 The loss of a micro-batch is a weighted SUM whose weights already carry the
 batch-level normalisation (trainer/packing.py), so the update must apply
@@ -19,7 +19,7 @@ adapter's parameters. Every per-policy call names its adapter, which becomes
 PEFT's active one and the only parameters with requires_grad, so a step of one
 adapter neither reads nor moves the others (ZeRO 0-2; ZeRO-3 partitions the
 module itself, so there each adapter needs its own ranks). `export_weights`
-sends only the adapter's tensors (PEFT's saved names, see rollout/weights/lora_names.py).
+sends only the adapter's tensors (PEFT's saved names, see rollout/engine/lora_names.py).
 """
 
 from __future__ import annotations
@@ -29,46 +29,15 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from typing import Any
 
+from rollout.engine.lora_names import own_params, peft_config, peft_name, saved_name
+from rollout.engine.weight_group import Layout
 from rollout.log import setup_logging
-from rollout.weights.lora_names import own_params, peft_config, peft_name, saved_name
-from rollout.weights.transport import Layout
-from trainer.losses import LossConfig, microbatch_loss
+from trainer.config import LearnerConfig, LossConfig
+from trainer.losses import microbatch_loss
 from trainer.packing import MicroBatch
-
-
-class Optimizer(StrEnum):
-    adamw = "adamw"
-    sgd = "sgd"
-
-
-@dataclass
-class LearnerConfig:
-    world_size: int = 2  # DeepSpeed ranks (Ray actors)
-    num_cpus: float = 1.0  # Ray CPUs per rank
-    num_gpus: float = 0.0  # Ray GPUs per rank (1 on GPU machines)
-    torch_threads: int = 0  # CPU: intra-op threads per rank (0: Ray's default, num_cpus)
-    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources (node placement)
-    zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3
-    optimizer: Optimizer = Optimizer.adamw  # a torch optimizer (DeepSpeed's own would g++-build ops)
-    lr: float = 1e-5  # peak learning rate
-    warmup_steps: int = 0  # linear warm-up from 0 to lr
-    weight_decay: float = 0.0  # the optimizer's weight decay (AdamW's decoupled; SGD's L2)
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
-    grad_clip: float = 1.0  # max global grad norm (0 disables)
-    micro_batch_tokens: int = 4096  # padded tokens per forward/backward
-    gradient_checkpointing: bool = False  # trade compute for activation memory
-    dist_timeout_s: float = 600.0  # collective-op timeout
-    # one learner call (train step, weight export, save, load) longer than this stops the run
-    call_timeout_s: float = 1800.0
-    share_lora_base: bool = True  # LoRA policies on one base model train on one set of ranks holding the base once
-
-
-# The learner settings each adapter of a shared group keeps its own (its optimizer's).
-PER_ADAPTER = ("optimizer", "lr", "warmup_steps", "weight_decay", "betas", "grad_clip")
 
 
 def _grad_norm(params) -> float:
@@ -437,9 +406,9 @@ class Learner:
         return buckets if self.rank == 0 else None
 
     def weight_identity(self) -> str:
-        """Rank 0's device (rollout/weights/transport.py::device_identity): which transport each
+        """Rank 0's device (rollout/engine/weight_group.py::device_identity): which transport each
         engine worker takes."""
-        from rollout.weights.transport import device_identity
+        from rollout.engine.weight_group import device_identity
 
         return device_identity(self.device)
 
@@ -447,7 +416,7 @@ class Learner:
         """Rank 0, before `open_weight_group`: the staging buffers `plan`'s ipc members read from
         (none without one); a group opened before is closed first. Returns the plan with those
         buffers' handles, which the engine workers join with."""
-        from rollout.weights.transport import staging_for
+        from trainer.weight_transport import staging_for
 
         assert self.rank == 0, "only learner rank 0 sends weights to the engines"
         if self.weight_group is not None:
@@ -459,7 +428,7 @@ class Learner:
 
     def open_weight_group(self) -> None:
         """Rank 0: host the group `prepare_weight_group` planned (the engine workers join meanwhile)."""
-        from rollout.weights.group import WeightGroup
+        from rollout.engine.weight_group import WeightGroup
 
         plan, buffers, timeout_s = self._pending_group
         self.weight_group = WeightGroup(plan, 0, self.device, timeout_s, buffers)

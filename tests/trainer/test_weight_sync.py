@@ -16,9 +16,8 @@ from rollout.models import resolve_model
 from rollout.orchestration.cluster import spawn_engines
 from tests.conftest import chat_prompt, hf_logprobs
 from trainer import checkpoint
-from trainer.learner import LearnerConfig
+from trainer.config import LearnerConfig, LossConfig
 from trainer.learner_group import LearnerGroup
-from trainer.losses import LossConfig
 from trainer.weight_sync import CollectiveSync, ObjectStoreSync
 
 pytestmark = pytest.mark.e2e

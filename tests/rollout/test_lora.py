@@ -247,6 +247,7 @@ def exported(learners) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.e2e
+@pytest.mark.needs_memory_gb(3)  # learner groups of 2 ranks each (ZeRO-2, then ZeRO-3)
 def test_adapters_sharing_a_base_train_as_if_alone_under_zero_2_and_3(
     ray_cluster, tiny_path, hf_tiny, fixed_batch, tmp_path
 ):

@@ -27,7 +27,8 @@ from trainer.loop import train
 from trainer.policy import TrainedPolicy, trained_policies
 from trainer.summary import policy_summary
 
-pytestmark = pytest.mark.e2e
+# two policies: two engines (and a frozen one), two learner groups, a run of their own each
+pytestmark = [pytest.mark.e2e, pytest.mark.needs_memory_gb(5)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_POLICIES = [

@@ -213,7 +213,7 @@ def test_the_restart_snapshot_is_exported_every_snapshot_every_pushes(process_en
     """GPU review F11: after every collective push rank 0 exported the full weights to the object store
     (for an engine that restarts): ~15 GB a step at 7B. With sync.snapshot_every=k only every k-th
     push does; the others reach the engines alone, and the store keeps the last snapshot's version."""
-    from rollout.weights.store import WeightStore
+    from rollout.engine.weight_store import WeightStore
 
     store = ray.remote(num_cpus=0)(WeightStore).remote()
     sync = CollectiveSync(zero3_learners, [process_engine], "gloo", bucket_bytes=300_000, store=store, snapshot_every=2)

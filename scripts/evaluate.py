@@ -34,7 +34,7 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from rollout.config import RolloutJobConfig
+from rollout.config import RolloutJobConfig, SamplingConfig
 from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray
@@ -116,26 +116,16 @@ def write_traces(out: Path, label: str, traces: list[Trace], cfg: TrainJobConfig
     return {"traces": str(jsonl), "page": str(page)}
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg, runs = plan(args)
-    except (ValueError, FileNotFoundError, HydraException, OmegaConfBaseException) as e:  # a bad override or value
-        print(f"evaluate: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    sampled = args.samples > 1
-    sampling = eval_sampling(cfg, cfg.sampling.temperature if sampled else None)
-    result = {
-        "items": cfg.eval.size,
-        "task": cfg.task.name,
-        "harness": cfg.harness.name,
-        "k": args.k,
-        "samples": args.samples,
-        "temperature": sampling.temperature,
-        "max_tokens": sampling.max_tokens,
-    }
+def evaluate_runs(
+    args: argparse.Namespace,
+    cfg: TrainJobConfig,
+    runs: dict[str, tuple[TrainJobConfig, dict[str, Weights]]],
+    sampling: SamplingConfig,
+    result: dict,
+) -> dict[str, list[Trace]]:
+    """Each label's weights on the held-out items, its report into `result[label]` and its traces
+    and pages beside `--out`; the traces by label. Ray runs for this alone."""
     traces: dict[str, list[Trace]] = {}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     model_cfg = runs["model"][0]  # engines only: no learners
     start_ray(cfg.ray, RolloutJobConfig.cpus_asked(model_cfg), RolloutJobConfig.asks(model_cfg))
     try:
@@ -165,6 +155,28 @@ def main(argv: list[str] | None = None) -> None:
         import ray
 
         ray.shutdown()
+    return traces
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg, runs = plan(args)
+    except (ValueError, FileNotFoundError, HydraException, OmegaConfBaseException) as e:  # a bad override or value
+        print(f"evaluate: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sampling = eval_sampling(cfg, cfg.sampling.temperature if args.samples > 1 else None)
+    result = {
+        "items": cfg.eval.size,
+        "task": cfg.task.name,
+        "harness": cfg.harness.name,
+        "k": args.k,
+        "samples": args.samples,
+        "temperature": sampling.temperature,
+        "max_tokens": sampling.max_tokens,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    traces = evaluate_runs(args, cfg, runs, sampling, result)
     if "reference" in traces:  # as training's summary.json: the reference before, the model after
         result["eval_paired"] = paired_comparison(traces["reference"], traces["model"])
     write_atomic(args.out, json.dumps(result, indent=2, allow_nan=False))
@@ -177,15 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         }
         for label in traces
     }
-    print(
-        json.dumps(
-            {
-                **summary,
-                **({"eval_paired": result["eval_paired"]} if "reference" in traces else {}),
-                "out": str(args.out),
-            }
-        )
-    )
+    paired = {"eval_paired": result["eval_paired"]} if "eval_paired" in result else {}
+    print(json.dumps({**summary, **paired, "out": str(args.out)}))
 
 
 if __name__ == "__main__":

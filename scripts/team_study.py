@@ -338,118 +338,105 @@ def sign(p: dict | None) -> str:
     return "-" if not p else f"{p['better']} / {p['worse']}, p = {p['sign_test_p']:.2g}"
 
 
-def md(caption: str, header: list[str], lines: list[str]) -> list[str]:
-    """A markdown table after a caption (none: no caption)."""
-    head = [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *lines, ""]
+def md(caption: str, header: str, lines: list[str]) -> list[str]:
+    """A markdown table after a caption (none: no caption); `header`: the columns' names between
+    ' | '. No lines, no table."""
+    if not lines:
+        return []
+    head = [f"| {header} |", "|" + "---|" * len(header.split(" | ")), *lines, ""]
     return ([caption, ""] if caption else []) + head
 
 
 def table(rows: list[dict]) -> str:
     """The markdown of OUT/team_study.md: each arm over its seeds, every run, then one table per
-    extra evaluation."""
-    arms = list(dict.fromkeys(r["arm"] for r in rows))
-    by_arm = []
-    for arm in arms:
+    extra evaluation (those the runs have)."""
+    parts = (arms_table, runs_table, swaps_table, votes_table, games_table, seats_table)
+    return "\n".join(line for part in parts for line in part(rows))
+
+
+def arms_table(rows: list[dict]) -> list[str]:
+    lines = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
         runs = [r for r in rows if r["arm"] == arm]
         change = mean([r["after"] - r["before"] for r in runs if r["after"] is not None and r["before"] is not None])
-        by_arm.append(
+        lines.append(
             f"| {arm} | {len(runs)} | {', '.join(fmt(r['before']) for r in runs)} "
             f"| {', '.join(fmt(r['after']) for r in runs)} | {'-' if change is None else f'{change:+.3f}'} "
             f"| {'; '.join(sign(r.get('vs_single')) for r in runs)} |"
         )
-    out = md(
-        "",
-        ["arm", "seeds", "held-out before", "after, each seed", "mean change", "final vs single agent, each seed"],
-        by_arm,
-    )
-    every = []
+    header = "arm | seeds | held-out before | after, each seed | mean change | final vs single agent, each seed"
+    return md("", header, lines)
+
+
+def runs_table(rows: list[dict]) -> list[str]:
+    lines = []
     for r in rows:
         norms = "; ".join(
             f"{p} {fmt(g['max'], 2)} / {fmt(g['median'], 2)} ({g['spikes']})" for p, g in r["grad_norm"].items()
         )
-        every.append(
+        lines.append(
             f"| {r['arm']} | {r['seed']} | {fmt(r['before'])} → {fmt(r['after'])} | {sign(r['paired'])} "
             f"| {moved(r['draft'])} | {moved(r['roles'].get('verifier'))} "
             f"| {r['generated_tokens']:,} / {r['trained_tokens']:,} | {norms} | {r['wall_s'] / 60:.1f} min "
             f"| {sign(r.get('vs_single'))} | {sign(r.get('vs_vote'))} |"
         )
-    out += md(
-        "Every run:",
-        [
-            "arm",
-            "seed",
-            "held-out before → after",
-            "better / worse, p",
-            "solver's draft",
-            "verifier's verdict right",
-            "generated / trained tokens",
-            "grad norm max / median (spikes > 3x)",
-            "wall",
-            "final vs single agent",
-            "final vs its majority vote",
-        ],
-        every,
+    header = (
+        "arm | seed | held-out before → after | better / worse, p | solver's draft | verifier's verdict right "
+        "| generated / trained tokens | grad norm max / median (spikes > 3x) | wall | final vs single agent "
+        "| final vs its majority vote"
     )
-    swaps = [
+    return md("Every run:", header, lines)
+
+
+def swaps_table(rows: list[dict]) -> list[str]:
+    lines = [
         f"| {r['arm']} | {r['seed']} | {fmt(r['after'])}, {fmt(r['draft']['after'])}, "
         f"{fmt(r['roles'].get('verifier', {}).get('after'))} | {fmt(w['reward'])}, {fmt(w['draft'])}, "
         f"{fmt(w['roles'].get('verifier'))} | {sign(w['vs_run_final'])} |"
         for r in rows
         if (w := r.get("swap"))
     ]
-    if swaps:
-        out += md(
-            "Roles' weights swapped (the verifier's weights solve, the solver's verify), the same questions:",
-            [
-                "arm",
-                "seed",
-                "final: reward, draft, verdict right",
-                "swapped: reward, draft, verdict right",
-                "swapped vs final",
-            ],
-            swaps,
-        )
-    votes = [
+    header = (
+        "arm | seed | final: reward, draft, verdict right | swapped: reward, draft, verdict right | swapped vs final"
+    )
+    caption = "Roles' weights swapped (the verifier's weights solve, the solver's verify), the same questions:"
+    return md(caption, header, lines)
+
+
+def votes_table(rows: list[dict]) -> list[str]:
+    lines = [
         f"| {r['seed']} | {fmt(v['untrained_reward'])} | {fmt(v['reward'])} | {sign(v['paired'])} "
         f"| {sign(v['vs_run_final'])} | {fmt(v['generated_tokens_per_item'], 1)} / "
         f"{fmt(r['eval_generated_tokens_per_item'], 1)} |"
         for r in rows
         if (v := r.get("vote"))
     ]
-    if votes:
-        out += md(
-            f"Majority vote over {VOTE_K} samples (temperature 0.7) of the single agent:",
-            [
-                "seed",
-                "untrained vote",
-                "trained vote",
-                "trained vs untrained",
-                "trained vote vs trained greedy",
-                "generated tokens per question: vote / greedy",
-            ],
-            votes,
-        )
-    games = [
+    header = (
+        "seed | untrained vote | trained vote | trained vs untrained | trained vote vs trained greedy "
+        "| generated tokens per question: vote / greedy"
+    )
+    caption = f"Majority vote over {VOTE_K} samples (temperature 0.7) of the single agent:"
+    return md(caption, header, lines)
+
+
+def games_table(rows: list[dict]) -> list[str]:
+    lines = [
         f"| {r['arm']} | {r['seed']} | {fmt(b['forfeits'])} → {fmt(a['forfeits'])} "
         f"| {fmt(b['moves'], 1)} → {fmt(a['moves'], 1)} | {fmt(b['as_theory'])} → {fmt(a['as_theory'])} "
         f"| {fmt(b['one_a_move'])} → {fmt(a['one_a_move'])} |"
         for r in rows
         if (g := r.get("games")) and (b := g["before"]) and (a := g["after"])
     ]
-    if games:
-        out += md(
-            "The game's held-out positions played by the policy in both seats (greedy), before → after training:",
-            [
-                "arm",
-                "seed",
-                "games lost by an illegal move",
-                "moves a game",
-                "won by the seat perfect play wins",
-                "played out one stone a move",
-            ],
-            games,
-        )
-    seats = [
+    header = (
+        "arm | seed | games lost by an illegal move | moves a game | won by the seat perfect play wins "
+        "| played out one stone a move"
+    )
+    caption = "The game's held-out positions played by the policy in both seats (greedy), before → after training:"
+    return md(caption, header, lines)
+
+
+def seats_table(rows: list[dict]) -> list[str]:
+    lines = [
         f"| {r['arm']} | {r['seed']} | {seat} | {fmt(r[seat]['untrained_roles'].get(seat))} "
         f"| {fmt(r[seat]['roles'].get(seat))} | {sign(r[seat]['paired_roles'].get(seat))} "
         f"| {fmt(r[seat].get('untrained_forfeits', {}).get(seat))} → {fmt(r[seat].get('forfeits', {}).get(seat))} |"
@@ -457,14 +444,12 @@ def table(rows: list[dict]) -> str:
         for seat in ARMS[r["arm"]].seats
         if seat in r
     ]
-    if seats:
-        out += md(
-            "The trained player against the untrained model (zero-sum: +1 win, -1 loss), each seat; "
-            "untrained = the untrained model in both seats:",
-            ["arm", "seed", "seat", "untrained", "trained", "better / worse, p", "its games lost by an illegal move"],
-            seats,
-        )
-    return "\n".join(out)
+    header = "arm | seed | seat | untrained | trained | better / worse, p | its games lost by an illegal move"
+    caption = (
+        "The trained player against the untrained model (zero-sum: +1 win, -1 loss), each seat; "
+        "untrained = the untrained model in both seats:"
+    )
+    return md(caption, header, lines)
 
 
 def plot(rows: list[dict], path: Path) -> None:

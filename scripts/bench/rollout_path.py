@@ -61,18 +61,9 @@ def bench_paths(cfgs: dict[str, GenerateJobConfig], n: int, rounds: int) -> dict
     return results
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2_135m")
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="tiny, 4 prompts x 8 tokens, one round")
-    args = ap.parse_args()
-    if args.quick:
-        args.model, args.prompts, args.max_tokens, args.rounds = "tiny", 4, 8, 1
-
+def configs(args: argparse.Namespace) -> dict[str, GenerateJobConfig]:
+    """The path's config (single_turn) and the gateway sides' (openai_agent, the same single call
+    through the SDK); --quick keeps one gateway side."""
     # ignore_eos: every completion is max_tokens long on both sides, so tok/s compare like for like.
     common = [
         f"model={args.model}",
@@ -86,23 +77,16 @@ def main() -> None:
         "engine.cpu_cores=all",
         "ray.num_cpus=4",
     ]
-    cfg = compose("generate", ["harness=single_turn", *common])
-    gateway_cfg, own_client_cfg = (
-        compose(
-            "generate",
-            ["harness=openai_agent", f"harness.options.agent=harnesses.testing.one_call_agents.{fn}", *common],
-        )
-        for fn in ("one_call", "one_call_own_client")
-    )
-    model_path = resolve_model(cfg.model.name, cfg.model.path)
-    fmt = ChatFormat.from_pretrained(model_path)
-    tasks = make_task_source(cfg.task, cfg.seed)
-    prompts = [fmt.render([{"role": "user", "content": tasks.train_task(i).prompt}]) for i in range(args.prompts)]
+    sides = {"gateway": "one_call", **({} if args.quick else {"own_client": "one_call_own_client"})}
+    agent = "harness.options.agent=harnesses.testing.one_call_agents."
+    return {
+        "path": compose("generate", ["harness=single_turn", *common]),
+        **{side: compose("generate", ["harness=openai_agent", agent + fn, *common]) for side, fn in sides.items()},
+    }
 
-    vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
-    # the gateway sides (the same path as far as the engine sees it); --quick keeps one
-    sdk = {"gateway": gateway_cfg, **({} if args.quick else {"own_client": own_client_cfg})}
-    paths = bench_paths({"path": cfg, **sdk}, args.prompts, args.rounds)
+
+def report(args: argparse.Namespace, vllm_rounds: list[dict], paths: dict[str, list[dict]]) -> dict:
+    """Print each side's best tokens/s and its ratio to the path; the bench's JSON result."""
 
     def best(rounds):
         return max(r["tokens"] / r["seconds"] for r in rounds)
@@ -130,7 +114,7 @@ def main() -> None:
         "vllm_rounds": vllm_rounds,
         "path_rounds": paths["path"],
     }
-    for side in sdk:  # own_client: an SDK client built per episode
+    for side in (s for s in paths if s != "path"):  # own_client: an SDK client built per episode
         print(
             f"worker->openai SDK->gateway->engine ({side}): {best(paths[side]):8.1f} generated tok/s  "
             f"rounds={paths[side]}  over path: {paired(paths[side]):.3f} (median of paired rounds)"
@@ -143,7 +127,29 @@ def main() -> None:
             }
         )
     result["gateway_over_path"] = round(best(paths["gateway"]) / path_tps, 3)  # best rounds
-    print(json.dumps(result))
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2_135m")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="tiny, 4 prompts x 8 tokens, one round")
+    args = ap.parse_args()
+    if args.quick:
+        args.model, args.prompts, args.max_tokens, args.rounds = "tiny", 4, 8, 1
+
+    cfgs = configs(args)
+    cfg = cfgs["path"]
+    model_path = resolve_model(cfg.model.name, cfg.model.path)
+    fmt = ChatFormat.from_pretrained(model_path)
+    tasks = make_task_source(cfg.task, cfg.seed)
+    prompts = [fmt.render([{"role": "user", "content": tasks.train_task(i).prompt}]) for i in range(args.prompts)]
+    vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
+    print(json.dumps(report(args, vllm_rounds, bench_paths(cfgs, args.prompts, args.rounds))))
 
 
 if __name__ == "__main__":

@@ -23,9 +23,23 @@ from trainer.weight_sync import CollectiveSync, ObjectStoreSync
 pytestmark = pytest.mark.e2e
 
 
-def test_sync_engine_matches_learner_and_tags_version(
-    engine, tiny_path, hf_tiny, tiny_tokenizer, fixed_batch, tmp_path
-):
+@pytest.fixture
+def engine_weights_restored(engine, hf_tiny):
+    """After the test, the session's shared engine back on the tiny model's own weights (the tests
+    here push trained ones into it; the other tests share it)."""
+    yield
+    from safetensors.torch import save
+
+    ray.get(
+        engine.update_weights.remote(
+            ray.get(engine.info.remote())["version"] + 1,
+            [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})],
+        )
+    )
+
+
+@pytest.mark.usefixtures("engine_weights_restored")
+def test_sync_engine_matches_learner_and_tags_version(engine, tiny_path, tiny_tokenizer, fixed_batch, tmp_path):
     prompt = chat_prompt(tiny_tokenizer)
     [c] = ray.get(engine.generate.remote(prompt, SamplingConfig(max_tokens=16)))
     ids = prompt + c.completion_ids
@@ -55,15 +69,6 @@ def test_sync_engine_matches_learner_and_tags_version(
         assert (hf_lp - learner_lp).abs().max() < 1e-4
     finally:
         learners.shutdown()
-        # put the shared engine back on the original weights for other tests
-        from safetensors.torch import save
-
-        ray.get(
-            engine.update_weights.remote(
-                ray.get(engine.info.remote())["version"] + 1,
-                [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})],
-            )
-        )
 
 
 @pytest.fixture(scope="module")
@@ -172,9 +177,8 @@ def test_object_store_sync_through_vllms_engine_process(process_engine, zero3_le
     assert c2.version == version
 
 
-def test_a_group_that_cannot_carry_pushes_rests_instead_of_reopening_every_push(
-    engine, tiny_path, hf_tiny, monkeypatch
-):
+@pytest.mark.usefixtures("engine_weights_restored")
+def test_a_group_that_cannot_carry_pushes_rests_instead_of_reopening_every_push(engine, tiny_path, monkeypatch):
     """A transport that fails every push (as NCCL does with two ranks on one GPU) costs one group
     open per 1, 2, 4, ... pushes, not one per push; every version still reaches the engine (through
     the object store) and is counted as a fallback."""
@@ -199,14 +203,6 @@ def test_a_group_that_cannot_carry_pushes_rests_instead_of_reopening_every_push(
         assert len(opens) == 3, "tried at pushes 1, 3 and 7 (rests of 1 and 3 pushes between)"
     finally:
         learners.shutdown()
-        from safetensors.torch import save
-
-        ray.get(
-            engine.update_weights.remote(
-                ray.get(engine.info.remote())["version"] + 1,
-                [save({k: v.detach().contiguous() for k, v in hf_tiny.named_parameters()})],
-            )
-        )
 
 
 def test_the_restart_snapshot_is_exported_every_snapshot_every_pushes(process_engine, zero3_learners, fixed_batch):

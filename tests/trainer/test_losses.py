@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from trainer.losses import LossConfig, policy_loss, token_logprobs
+from trainer.config import LossConfig
+from trainer.losses import policy_loss, token_logprobs
 
 pytestmark = pytest.mark.unit
 

@@ -13,85 +13,13 @@ loss broadcasts a sequence's advantage to each of its generated tokens.
 
 This runs BEFORE prefix merging (docs/design.md, "Training math").
 
-Estimators (`AdvantageConfig.estimator`)
-----------------------------------------
-* `grpo`: group-relative, A = (R - mean_group R) [/ (std_group R + eps)]. GRPO, Shao et al.
-  2024, "DeepSeekMath" (arXiv:2402.03300), §4.1.2 outcome supervision; applied at trace
-  level as in the seed's uniform credit.
-* `rloo`: leave-one-out, A_i = R_i - mean_{j != i} R_j within the group. RLOO, Kool et al.
-  2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!"; Ahmadian et al. 2024, "Back to
-  Basics" (arXiv:2402.14740).
-* `batch_mean`: A = R - mean_batch R [/ (std_batch R + eps)]: REINFORCE with a constant
-  baseline, the batch's mean reward (Williams 1992, "Simple statistical gradient-following
-  algorithms").
-* `uniform`: no baseline, A = R(trace) on every trainable sequence: plain REINFORCE, the
-  seed's minimal estimator ("apply that uniform reward to all trained tokens in the trace").
-  Unbiased, highest variance.
-
-Conventions (each is tested in tests/trainer/test_advantages.py)
------------------------------------------------------------------
-* Uniform trace-level credit (the seed, "Policy Gradients for Multiple
-  Agents"): every trainable sequence of a trace gets the trace's advantage.
-* Frozen sequences (`trainable=False`) get 0.0.
-* Failed traces (`status == "failed"`) get 0.0 for every sequence and are
-  left out of every statistic (group mean/std, leave-one-out, batch mean/std,
-  per-role std): a group [1, 0, failed] gives its two ok traces exactly the
-  advantages of a group [1, 0]. Truncated traces are NOT excluded: they count
-  with whatever reward the harness gave them.
-* Std is the POPULATION std (ddof=0): std([1, 0, 0, 1]) = 0.5. (TRL and verl
-  use the sample std, ddof=1; the two differ by a factor sqrt(n/(n-1)).)
-  Scaling is A / (std + eps). When every reward of a pool is equal
-  (max == min) the advantages are exactly 0.0 — not eps-sized, never NaN.
-* `scale_by_std` applies to `grpo` and `batch_mean`; `rloo` and `uniform`
-  ignore it (they have no std in their definition).
-* A pool of one (a group with one ok trace, or a batch of one) gives 0.0 for
-  `grpo`, `rloo` and `batch_mean`: there is nothing to compare against.
-
-Per-agent rewards (`per_agent_rewards=True`)
----------------------------------------------
-The unit of credit becomes (trace, role) instead of the trace: a sequence of
-role r gets the advantage computed from R_r = `trace.agent_rewards[r]`
-(falling back to `trace.reward` when the trace has no `agent_rewards` or r is
-not in it). The baseline statistics are then per role: for `grpo`/`rloo` the
-pool is (group, role) — role r's rewards among the ok traces of the group
-that have a sequence of role r; for `batch_mean` it is role r's rewards over
-the batch. A role is present in a trace if any of its sequences (trainable or
-not) has that role.
-
-`role_baseline=False` keeps each role's own reward but pools every role's
-rewards into one baseline: the pool is the group (grpo/rloo: all (trace, role)
-units of the group) or the batch. A zero-sum game's pooled mean is 0, so its
-advantages carry no baseline at all: the control of SPIRAL's role-conditioned
-advantage estimation; for two cooperating roles it is the "global" normalisation
-that Dr. MAS compares per-agent statistics against.
-
-Per-agent normalisation (`normalize_per_agent=True`, Dr. MAS style)
-------------------------------------------------------------------
-After the estimator (baseline, and std scaling if on), each role's advantages
-are divided by that role's std across the BATCH:
-
-    A'(i, r) = A(i, r) / (std_r + eps),  std_r = population std of
-               { A(k, r) : ok trace k of the batch in which role r is present }
-
-one value per (trace, role) — not weighted by how many sequences the role
-has. Without `per_agent_rewards`, A(i, r) is trace i's advantage. If all
-A(k, r) are equal (std_r == 0) role r's advantages are left unchanged
-(dividing a constant by eps would only blow it up). So two roles whose
-reward scales differ 100x end with advantages of std ~1 each. With
-`batch_mean` + `per_agent_rewards` this is exactly agent-wise
-standardisation (R_r - mean_r) / std_r.
-
-Per-turn rewards (`use_turn_rewards=True`)
--------------------------------------------
-A sequence whose `reward` is set gets that reward ADDED to its advantage, as
-a bonus with no baseline, no std scaling and no per-role normalisation:
-
-    A_seq = A_trace_or_role + seq.reward      (trainable, ok traces only)
-
-Sequences without a `reward` keep the plain advantage. This is reward
-shaping, not an unbiased estimator: the bonus credits only the sequence it is
-attached to (not the earlier turns that led to it) and, having no baseline,
-adds variance. The trace-level statistics are unchanged by turn rewards.
+Estimators (`AdvantageConfig.estimator`): `grpo` (group mean [/ std]), `rloo` (leave-one-out),
+`batch_mean` (batch mean [/ std]), `uniform` (the trace reward, no baseline); per-agent rewards
+with per-role or pooled baselines (`role_baseline`), per-agent normalisation (Dr. MAS) and
+per-turn reward bonuses. Frozen sequences and failed traces get 0.0 and stay out of every
+statistic; std is the population std, and a pool whose rewards are all equal gives exactly 0.0.
+docs/design.md, "Advantages", has each convention, the formulas and the papers; each convention
+is tested in tests/trainer/test_advantages.py.
 
 No torch, ray or vllm here: plain Python + numpy.
 """

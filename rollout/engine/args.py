@@ -44,7 +44,7 @@ def eager_sampler_on_cpu(cfg: EngineConfig) -> None:
     its sampler's log-prob rank count (vllm/v1/sample/ops/logprobs.py), which Inductor builds on the
     engine's first request: ~1.8 s of every engine start, for a kernel that spares one boolean copy
     of the logits. Dynamo off in this process (and a spawned engine core): the count runs eagerly,
-    the same tokens and log-probs (tests/rollout/test_engine.py). GPU engines, and
+    the same tokens and log-probs (tests/rollout/engine/test_engine.py). GPU engines, and
     `enforce_eager=false` (vLLM compiles the model then), keep torch.compile."""
     if cfg.num_gpus > 0 or not cfg.enforce_eager:
         return

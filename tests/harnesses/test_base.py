@@ -1,5 +1,6 @@
 """A harness's reward is a finite number in harness.reward_range, or its trace fails with the reason
-(harnesses/base.py `as_result`; rewards review #6). The worker's side of it: tests/rollout/test_gateway_rewards.py."""
+(harnesses/base.py `as_result`; rewards review #6). The worker's side of it:
+tests/rollout/agents/test_gateway_rewards.py."""
 
 import math
 import re

@@ -163,7 +163,7 @@ def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path)
             f"run_dir={tmp_path}",
             "trainer.steps=3",
             "eval.size=0",
-            "harness._target_=tests.rollout.flaky_harnesses.broken",
+            "harness._target_=tests.rollout.orchestration.flaky_harnesses.broken",
             "harness.name=broken",
         ],
     )

@@ -1,7 +1,7 @@
 """RolloutFleet on the real stack (tiny model, its own vLLM engine, two rollout workers): what
 `take` and `evaluate` return, and that every wait ends with a named error.
 
-The fleet runs tests/rollout/flaky_harnesses.py's `flaky`: one model call, then it raises on
+The fleet runs tests/rollout/orchestration/flaky_harnesses.py's `flaky`: one model call, then it raises on
 task 1, hangs on task 2 and tasks 100+ (until rollout.timeout_s) and behaves on tasks 0 and 5-7.
 """
 
@@ -26,7 +26,11 @@ FLEET = [
     "rollout.num_workers=2",
     "rollout.group_size=2",
 ]
-FLAKY = ["harness._target_=tests.rollout.flaky_harnesses.flaky", "harness.name=flaky", "rollout.timeout_s=5"]
+FLAKY = [
+    "harness._target_=tests.rollout.orchestration.flaky_harnesses.flaky",
+    "harness.name=flaky",
+    "rollout.timeout_s=5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +87,7 @@ def test_a_dead_engine_core_is_an_engine_death_and_heals(fleet):
     core ends the actor, Ray restarts it, and the router sends the request again: every trace
     comes back, one engine restart counted. (Before, the actor lived on with every request
     failing: ~1/n of all traces failed for the rest of the run.) The same for a core process that
-    is killed: tests/rollout/test_engine.py."""
+    is killed: tests/rollout/engine/test_engine.py."""
     [engine] = fleet.engines["main"]
     pid = ray.get(engine.info.remote(), timeout=60)["pid"]
     restarts = fleet.engine_restarts()

@@ -15,7 +15,7 @@ from harnesses.base import REWARD_RANGE
 from rollout.agents.gateway import GatewayLimits, RewardRefused
 from rollout.config import GenerateJobConfig, HarnessConfig, RolloutConfig, SamplingConfig, TaskConfig
 from tests.conftest import EASY_CHAIN_SUM
-from tests.rollout.test_gateway import gateway_run  # noqa: F401 (the fixture)
+from tests.rollout.agents.test_gateway import gateway_run  # noqa: F401 (the fixture)
 
 OPENAI_AGENT = "harnesses.programs.openai_agent.openai_agent"
 
@@ -42,14 +42,14 @@ def test_an_agent_cannot_reward_itself_unless_the_harness_opts_in(run_harness):
     naming harness.options.agent_reward, rather than train on a reward the verifier did not give);
     before, 200 and the trace's reward was the agent's 1.0."""
     with pytest.raises(RewardRefused, match=r"harness.options.agent_reward is false"):
-        run_harness(OPENAI_AGENT, ["agent"], agent="tests.rollout.test_gateway_rewards.self_rewarding_agent")
+        run_harness(OPENAI_AGENT, ["agent"], agent="tests.rollout.agents.test_gateway_rewards.self_rewarding_agent")
 
 
 @pytest.mark.integration
 def test_a_command_agent_sees_a_reward_key_only_when_the_harness_opts_in(run_harness):
     """rewards review #6: OPENAI_API_KEY and TRACERL_REWARD_URL were in every command agent's
     environment, and that key posted rewards. Now no reward URL or key by default; opted in, a
-    reward key of its own (the chat key gets a 401 at the reward route: tests/rollout/test_gateway.py)."""
+    reward key of its own (the chat key gets a 401 at the reward route: tests/rollout/agents/test_gateway.py)."""
     show = [sys.executable, "-c", "import os, json; print(json.dumps(dict(os.environ)))"]
     _, _, result = run_harness(OPENAI_AGENT, ["agent"], command=show)
     env = json.loads(result.info["answer"])
@@ -148,13 +148,16 @@ def test_a_rollout_worker_fails_a_trace_whose_reward_is_outside_harness_reward_r
     RolloutWorker with harness.reward_range [0, 1]: a harness returning 5.0 and an agent reporting
     2.0 (its gateway refuses it: a 400) each give a failed trace that says why."""
     plain = HarnessConfig(
-        _target_="tests.rollout.test_gateway_rewards.five", name="five", roles=["solver"], reward_range=[0.0, 1.0]
+        _target_="tests.rollout.agents.test_gateway_rewards.five",
+        name="five",
+        roles=["solver"],
+        reward_range=[0.0, 1.0],
     )
     agent = HarnessConfig(
         _target_=OPENAI_AGENT,
         name="openai_agent",
         roles=["solver"],
-        options={"agent": "tests.rollout.test_gateway_rewards.overreporting_agent", "agent_reward": True},
+        options={"agent": "tests.rollout.agents.test_gateway_rewards.overreporting_agent", "agent_reward": True},
         reward_range=[0.0, 1.0],
     )
     for harness, error in (
@@ -178,7 +181,7 @@ def test_a_rollout_worker_fails_a_trace_whose_reward_is_outside_harness_reward_r
         (
             [
                 "harness=openai_agent",
-                "harness.options.agent=tests.rollout.test_gateway_rewards.self_rewarding_agent",
+                "harness.options.agent=tests.rollout.agents.test_gateway_rewards.self_rewarding_agent",
                 "harness.options.agent_reward=true",
             ],
             r"harness.options.agent_reward=true: the agent function .* must take a reward_key",

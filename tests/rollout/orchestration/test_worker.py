@@ -10,7 +10,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_failing_and_hanging_harnesses_make_failed_traces(run_worker):
-    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.flaky", name="flaky", roles=["solver"])
+    harness = HarnessConfig(
+        _target_="tests.rollout.orchestration.flaky_harnesses.flaky", name="flaky", roles=["solver"]
+    )
     stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=6, timeout_s=5.0)
     by_task = {g[0].info["task"].rsplit("/", 1)[1]: g for g in groups}
     assert sorted(by_task) == ["0", "1", "2", "3", "4", "5"], "every group completes, failed or not"
@@ -32,7 +34,9 @@ def test_failing_and_hanging_harnesses_make_failed_traces(run_worker):
 
 
 def test_bad_harness_results_make_failed_traces(run_worker):
-    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.bad_results", name="bad", roles=["solver"])
+    harness = HarnessConfig(
+        _target_="tests.rollout.orchestration.flaky_harnesses.bad_results", name="bad", roles=["solver"]
+    )
     stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=6)
     by_task = {int(g[0].info["task"].rsplit("/", 1)[1]): g for g in groups}
     expected = {
@@ -52,7 +56,9 @@ def test_bad_harness_results_make_failed_traces(run_worker):
 def test_a_hostile_answer_scores_zero_and_the_trace_says_why(run_worker):
     """`9**9**9**9` for countdown never reaches a verifier (before, SymPy evaluated it until the
     sandbox's limit failed the trace): it scores 0 and the trace's info["scoring"] says why."""
-    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.hostile_answer", name="hostile", roles=["solver"])
+    harness = HarnessConfig(
+        _target_="tests.rollout.orchestration.flaky_harnesses.hostile_answer", name="hostile", roles=["solver"]
+    )
     stats, groups, _ = run_worker(harness, {"solver": "main"}, n_tasks=3, timeout_s=120.0)
     by_task = {int(g[0].info["task"].rsplit("/", 1)[1]): g for g in groups}
     for t in by_task[0]:
@@ -65,7 +71,9 @@ def test_a_hostile_answer_scores_zero_and_the_trace_says_why(run_worker):
 def test_a_trace_the_buffer_rejects_still_completes_its_group(run_worker):
     """A buffer that takes only token ids < 8 rejects every real trace: each group still completes,
     with a failed trace in each rejected one's place that says why (before, the group never did)."""
-    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.flaky", name="flaky", roles=["solver"])
+    harness = HarnessConfig(
+        _target_="tests.rollout.orchestration.flaky_harnesses.flaky", name="flaky", roles=["solver"]
+    )
     stats, groups, bstats = run_worker(harness, {"solver": "main"}, n_tasks=1, vocab_size=8)
     [group] = groups
     assert len(group) == 2 and all(t.status == "failed" and t.sequences == [] for t in group)
@@ -77,7 +85,9 @@ def test_a_trace_the_buffer_rejects_still_completes_its_group(run_worker):
 
 
 def test_frozen_role_and_agent_rewards(run_worker):
-    harness = HarnessConfig(_target_="tests.rollout.flaky_harnesses.judged", name="judged", roles=["solver", "judge"])
+    harness = HarnessConfig(
+        _target_="tests.rollout.orchestration.flaky_harnesses.judged", name="judged", roles=["solver", "judge"]
+    )
     _, groups, _ = run_worker(harness, {"solver": "main", "judge": "frozen"}, n_tasks=2)
     traces = [t for g in groups for t in g]
     assert len(traces) == 4

@@ -15,7 +15,7 @@ from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.agents.gateway import Gateway, GatewayLimits
 from rollout.config import SamplingConfig
 from rollout.orchestration.router import Router
-from tests.rollout.test_gateway import gateway_run  # noqa: F401 (the fixture)
+from tests.rollout.agents.test_gateway import gateway_run  # noqa: F401 (the fixture)
 
 HI = [{"role": "user", "content": "hi"}]
 BIG = "lorem ipsum " * 90_000  # ~1 MiB

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,9 +23,9 @@ from rollout.agents.tool_calls import parse_tool_calls
 from rollout.config import SamplingConfig
 from rollout.engine.engine import EngineError
 from rollout.orchestration.router import Router
-from tests.rollout.test_gateway import gateway_run  # noqa: F401 (the fixture)
+from tests.rollout.agents.test_gateway import gateway_run  # noqa: F401 (the fixture)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = Path(__file__).resolve().parents[3]  # the repository
 HI = [{"role": "user", "content": "hi"}]
 
 
@@ -203,7 +204,7 @@ def test_an_engine_failure_in_a_gateway_request_runs_the_episode_again(engine, t
         _target_="harnesses.programs.openai_agent.openai_agent",
         name="openai_agent",
         roles=["solver"],
-        options={"agent": "tests.rollout.test_gateway_hostile.carrying_on_agent"},
+        options={"agent": "tests.rollout.agents.test_gateway_hostile.carrying_on_agent"},
     )
     cfg = GenerateJobConfig(
         harness=harness,
@@ -240,7 +241,7 @@ def test_a_rollout_worker_clamps_agents_to_its_models_context(engine, tiny_path)
         _target_="harnesses.programs.openai_agent.openai_agent",
         name="openai_agent",
         roles=["solver"],
-        options={"agent": "tests.rollout.test_gateway_hostile.greedy_agent"},
+        options={"agent": "tests.rollout.agents.test_gateway_hostile.greedy_agent"},
     )
     cfg = GenerateJobConfig(
         model=ModelConfig(name="tiny", max_model_len=48),
@@ -280,7 +281,7 @@ def test_a_gateway_bug_is_a_json_500_and_fails_the_trace_by_name(engine, tiny_to
     )
     with pytest.raises(RuntimeError, match="the gateway failed a request of this run: ZeroDivisionError: boom"):
         asyncio.run(
-            openai_agent(Task(), {"solver": agent}, agent="tests.rollout.test_gateway_hostile.carrying_on_agent")
+            openai_agent(Task(), {"solver": agent}, agent="tests.rollout.agents.test_gateway_hostile.carrying_on_agent")
         )
 
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible gateway (rollout/agents/gateway.py) with the `openai` SDK against the real engine
 (tiny model, its real tokenizer and chat template), and the openai_agent harness in a real worker.
-Hostile input (issue 26): tests/rollout/test_gateway_hostile.py."""
+Hostile input (issue 26): tests/rollout/agents/test_gateway_hostile.py."""
 
 import asyncio
 import json
@@ -20,7 +20,7 @@ from rollout.orchestration.router import Router
 from rollout.trace import Trace
 from trainer.packing import build_rows, token_weights
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Question:  # what an agent function is given: a task with a prompt
@@ -410,7 +410,7 @@ def test_openai_agent_function_mode_takes_the_reward_the_agent_reports(run_harne
             "harnesses.programs.openai_agent.openai_agent",
             ["agent"],
             task_index=k,
-            agent="tests.rollout.test_gateway.reporting_agent",
+            agent="tests.rollout.agents.test_gateway.reporting_agent",
             agent_reward=True,
         )
         assert len(seqs) == 1 and result.reward == 0.25 and result.info["reward_from"] == "agent"

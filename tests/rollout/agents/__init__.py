@@ -1,0 +1,1 @@
+"""Tests of rollout/agents/: the agent client, the gateway, control tokens."""

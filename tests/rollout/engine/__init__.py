@@ -1,0 +1,1 @@
+"""Tests of rollout/engine/: the Engine actor, its core thread, LoRA, the weight group."""

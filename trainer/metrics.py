@@ -52,22 +52,22 @@ def train_metrics(stats: dict[str, float], packing: dict[str, float], policy: st
     return {f"train/{policy}/{k}": v for k, v in values.items()}
 
 
-def step_totals(m: dict[str, float], policies: list[str]) -> dict[str, float]:
+def step_totals(metrics: dict[str, float], policies: list[str]) -> dict[str, float]:
     """The step's sums over the trained policies: perf/{train,sync}_s, train/trained_tokens,
     perf/train_tokens_per_s (trained tokens per second of learner time) and async/dropped_stale."""
-    train_s = sum(m[f"perf/{p}/train_s"] for p in policies)
-    tokens = sum(m.get(f"train/{p}/trained_tokens", 0.0) for p in policies)
+    train_s = sum(metrics[f"perf/{p}/train_s"] for p in policies)
+    tokens = sum(metrics.get(f"train/{p}/trained_tokens", 0.0) for p in policies)
     return {
         "perf/train_s": train_s,
-        "perf/sync_s": sum(m[f"perf/{p}/sync_s"] for p in policies),
+        "perf/sync_s": sum(metrics[f"perf/{p}/sync_s"] for p in policies),
         "train/trained_tokens": tokens,
         "perf/train_tokens_per_s": tokens / train_s if train_s else 0.0,
-        "async/dropped_stale": sum(m[f"async/{p}/dropped_stale"] for p in policies),
+        "async/dropped_stale": sum(metrics[f"async/{p}/dropped_stale"] for p in policies),
     }
 
 
 def step_perf(
-    traces: list[Trace], m: dict[str, float], waited_s: float, step_s: float, engine_restarts: int
+    traces: list[Trace], metrics: dict[str, float], waited_s: float, step_s: float, engine_restarts: int
 ) -> dict[str, float]:
     """perf/* of the whole step (`waited_s` of its `step_s` waiting for the rollout; generated
     tokens per second of step), and the rollout's recoveries: engine restarts so far, traces
@@ -75,7 +75,7 @@ def step_perf(
     return {
         "perf/rollout_wait_s": waited_s,
         "perf/step_s": step_s,
-        "perf/rollout_tokens_per_s": m["rollout/generated_tokens"] / step_s,
+        "perf/rollout_tokens_per_s": metrics["rollout/generated_tokens"] / step_s,
         "rollout/engine_restarts": float(engine_restarts),
         "rollout/retried": float(sum("attempts" in tr.info for tr in traces)),
         "rollout/resent": float(sum(tr.info.get("requests_resent", 0) for tr in traces)),

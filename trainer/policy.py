@@ -159,27 +159,27 @@ class TrainedPolicy:
         sequences, packed micro-batches, one optimizer step, then the new weights to its engines as
         the next version. Returns train/<policy>/*, sync/<policy>/* and async/<policy>/* metrics, and
         perf/<policy>/{train,sync,learner}_s."""
-        a, p = self.cfg.algorithm, self.name
+        algo, p = self.cfg.algorithm, self.name
         lags = [self.staleness(tr) for tr in traces]
         mine = [tr.only_policy(p) for tr, lag in zip(traces, lags) if lag <= max_staleness]
         self.dropped_stale += len(traces) - len(mine)
-        advs = compute_advantages(mine, a.advantage)
-        rows, batches = micro_batches(mine, advs, a, self.learner_cfg.micro_batch_tokens, self.format.pad_id)
-        m = advantage_metrics(mine, advs, p)
+        advs = compute_advantages(mine, algo.advantage)
+        rows, batches = micro_batches(mine, advs, algo, self.learner_cfg.micro_batch_tokens, self.format.pad_id)
+        metrics = advantage_metrics(mine, advs, p)
         t0 = time.perf_counter()
         applied = bool(batches)
         if batches:
             stats = self.learners.train_step(batches)
-            m.update(train_metrics(stats, packing_stats(rows, batches), p))
+            metrics.update(train_metrics(stats, packing_stats(rows, batches), p))
             applied = not self.skipped(stats)
-            self.trained_tokens += m[f"train/{p}/trained_tokens"] if applied else 0.0
+            self.trained_tokens += metrics[f"train/{p}/trained_tokens"] if applied else 0.0
         train_s = time.perf_counter() - t0
         if applied or not batches:
             self.version += 1
             synced = self.sync.push(self.version)
         else:  # the weights did not change: the engines keep serving this version
             synced = {"seconds": 0.0, "bytes_per_s": 0.0, "bytes": 0.0, "fallbacks": 0.0}
-        m.update(
+        metrics.update(
             {
                 f"perf/{p}/train_s": train_s,
                 f"perf/{p}/sync_s": synced["seconds"],
@@ -195,7 +195,7 @@ class TrainedPolicy:
                 f"async/{p}/dropped_stale": float(self.dropped_stale),
             }
         )
-        return m
+        return metrics
 
     def skipped(self, stats: dict[str, float]) -> bool:
         """Whether the learners skipped this optimizer step (a non-finite loss or gradient: weights

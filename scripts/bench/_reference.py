@@ -21,14 +21,7 @@ import torch
 
 from rollout.agents.client import ChatFormat
 from rollout.config import EngineConfig, SamplingConfig
-from rollout.engine.args import (
-    _vllm_env,
-    bind_cpu_cores,
-    core_kind,
-    eager_sampler_on_cpu,
-    engine_args,
-    sampling_params,
-)
+from rollout.engine.args import _vllm_env, bind_cpu_cores, core_kind, eager_sampler_on_cpu, engine_args, sampling_params
 from rollout.trace import Sequence, Trace
 from trainer.config import LossConfig
 from trainer.losses import microbatch_loss

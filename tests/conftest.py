@@ -89,6 +89,13 @@ def pytest_collection_finish(session):
         jobs |= test_relay_runs_quick.lane_jobs()
     if jobs:
         lane.launch(jobs)
+        # a waiting test waits for the jobs queued before its own too, and each job is ended at its
+        # own deadline: their sum (and the test's own checks) bound the wait, not pytest's timeout
+        # per test (pyproject.toml: 600 s; the team study's test ran out of it on a loaded box)
+        bound = sum(deadline_s for _, deadline_s in jobs.values()) + 600
+        for item in session.items:
+            if hasattr(item.module, "lane_jobs"):
+                item.add_marker(pytest.mark.timeout(bound), append=False)
 
 
 def pytest_sessionfinish(session):

@@ -83,9 +83,6 @@ QUICK = [
     "sampling.max_tokens=16",
     "engine.kv_cache_gb=0.25",
 ]
-# --quick skips these arms' extra evaluations: the same code path as another arm's (the two
-# self-play presets differ only in their advantage)
-QUICK_NO_EXTRAS = {"selfplay_no_role_baseline"}
 VOTE_K = 3  # the team's model calls per question (draft, critique, final)
 
 
@@ -167,8 +164,6 @@ class Job:
 
     def extra_evals(self) -> dict:
         arm, found = self.arm, {}
-        if self.quick and arm.name in QUICK_NO_EXTRAS:
-            return found
         if arm.swap:
             found["swap"] = self.evaluate("swapped", [f"agents.{role}={p}" for role, p in arm.swap.items()])
         if arm.vote:

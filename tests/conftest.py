@@ -101,12 +101,16 @@ def pytest_collection_finish(session):
 def pytest_sessionfinish(session):
     if lane.launched():  # the suite's time: the lane's jobs can be its tail
         MEMORY["lane"] = lane.stop()
+    if "start" in CPU:
+        CPU["end"] = cpu_times()
 
 
 def pytest_terminal_summary(terminalreporter):
     """The lane's job times and the session's sampled peak memory, the suite's two budgets."""
     if "lane" in MEMORY:
         terminalreporter.write_line(MEMORY["lane"])
+    if "end" in CPU:
+        terminalreporter.write_line(cpu_line())
     if "peak_gib" in MEMORY:
         terminalreporter.write_line(
             f"sampled peak used memory (MemTotal - MemAvailable, every {SAMPLE_S:.0f} s, the whole machine, "
@@ -133,6 +137,8 @@ def sample_memory(stop: threading.Event) -> None:
 
 
 def pytest_configure(config):
+    if Path("/proc/stat").exists() and "start" not in CPU:
+        CPU.update(start=cpu_times(), since=time.monotonic())
     if Path("/proc/meminfo").exists() and "peak_gib" not in MEMORY:
         total, available = meminfo_gib()
         MEMORY.update(total_gib=total, start_gib=total - available, peak_gib=total - available, peak_at_s=0.0)
@@ -159,9 +165,39 @@ def wait_for_memory(who: str, gib: float) -> None:
 
 
 def pytest_runtest_setup(item):
-    """Before the test's own fixtures start: the memory that its `needs_memory_gb` mark names."""
+    """Before the test's own fixtures start: the memory that its `needs_memory_gb` mark names. The
+    first test that waits for a lane job marks the end of the main tests (they run first)."""
+    if hasattr(item.module, "lane_jobs") and "start" in CPU and "main" not in CPU:
+        CPU.update(main=cpu_times(), main_s=time.monotonic() - CPU["since"])
     if (mark := item.get_closest_marker("needs_memory_gb")) is not None:
         wait_for_memory(item.nodeid, mark.args[0])
+
+
+# ---- CPU: how busy the box was, for the whole session and its main tests ----------------------
+
+CPU: dict = {}  # /proc/stat's times at the session's start, at the main tests' end, at its end
+
+
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) clock ticks of all the machine's CPUs since boot (/proc/stat's first line;
+    idle and iowait are not busy)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def busy(a: tuple[int, int], b: tuple[int, int]) -> float:
+    return (b[0] - a[0]) / max(1, b[1] - a[1])
+
+
+def cpu_line() -> str:
+    """What the box's CPUs did: the share of all cores' time that was busy (the lane included),
+    for the whole session and for the main tests (until the first test that waits for a lane job)."""
+    whole = busy(CPU["start"], CPU["end"])
+    line = f"CPU busy (the whole machine, {os.cpu_count()} cores, the lane included): {whole:.0%} of the session"
+    if "main" in CPU:
+        main = busy(CPU["start"], CPU["main"])
+        line += f"; the main tests ended {CPU['main_s']:.0f} s into it, {main:.0%} busy until then"
+    return line
 
 
 # ---- fixtures: the shared real components ---------------------------------------------

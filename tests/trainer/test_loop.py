@@ -86,7 +86,7 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
     common = [
         "experiment=smoke",
         "trainer.max_staleness=1",
-        "trainer.steps=14",
+        "trainer.steps=12",
         "trainer.save_every=10",
         "eval.size=0",
         "trainer.resume=auto",
@@ -111,7 +111,7 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
     assert summary["start_step"] == 10
     before = {m["step"]: m for m in metrics(straight) if "rollout/reward" in m}
     after = {m["step"]: m for m in metrics(resumed) if "rollout/reward" in m}
-    assert sorted(after) == [11, 12, 13, 14]
+    assert sorted(after) == [11, 12]
     for step in (11, 12):  # the same traces on the same weights: the same rewards, the same loss
         assert after[step]["rollout/reward"] == before[step]["rollout/reward"]
         assert after[step]["train/main/loss"] == pytest.approx(before[step]["train/main/loss"], abs=1e-6)

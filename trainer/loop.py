@@ -35,14 +35,13 @@ from rollout.orchestration.cluster import start_ray
 from rollout.orchestration.fleet import RolloutFleet
 from rollout.stats import trace_metrics
 from rollout.trace import Trace, write_jsonl
-from trainer import checkpoint
 from trainer.checks import validate
 from trainer.config import LoopConfig, TrainJobConfig
 from trainer.evaluation import eval_sampling
 from trainer.metrics import RunLogger, rollout_split, step_perf, step_totals, write_atomic
 from trainer.policy import TrainedPolicy, start_learners, trained_policies
-from trainer.run_dir import check_run_dir, start_run_dir
-from trainer.summary import eval_summary, mean_reward, policy_summary
+from trainer.run_dir import check_run_dir, restore, save, start_run_dir
+from trainer.summary import mean_reward, run_summary
 
 log = logging.getLogger(__name__)
 
@@ -177,84 +176,6 @@ def log_step(
         logger.traces(done, traces[:4], next(iter(policies.values())).format.decode)
     logger.log(done, metrics)
     logger.status(done, loop.steps, metrics, list(policies))
-
-
-def run_summary(
-    initial: list[Trace],
-    final: list[Trace],
-    first: int,
-    wall_s: float,
-    fleet: RolloutFleet,
-    policies: dict[str, TrainedPolicy],
-    loop: LoopConfig,
-) -> dict:
-    """summary.json: the held-out eval before and after (paired), the steps this call ran from
-    `first`, its wall time, and each trained policy's totals."""
-    return {
-        **eval_summary(initial, final),
-        "steps": loop.steps,
-        "start_step": first,
-        "wall_s": round(wall_s, 1),
-        **policy_summary(fleet, policies),
-    }
-
-
-def save(
-    policies: dict[str, TrainedPolicy],
-    fleet: RolloutFleet,
-    run_dir: Path,
-    step: int,
-    ahead: int,
-    held: list[list[Trace]],
-    loop: LoopConfig,
-) -> list[list[Trace]]:
-    """One checkpoint of every trained policy at `step`, with the rollout groups of the steps
-    after it, visible only once all are written; then only the newest `keep_last` are kept.
-    Returns those groups: the ones `held`, and the steps in flight (up to `ahead`), let finish."""
-    # the steps in flight ran (partly) on weights older than the checkpoint's: they finish and
-    # are kept with it, since a resumed run could not generate them again
-    in_flight = (ahead - step) * loop.groups_per_step - len(held)
-    held = held + (fleet.take(in_flight, loop.rollout_timeout_s) if in_flight else [])
-    checkpoint.start(run_dir, step)
-    for policy in policies.values():
-        policy.save(run_dir, step)
-    checkpoint.save_rollouts(run_dir, step, held)
-    checkpoint.finish(run_dir, step, {p: policy.version for p, policy in policies.items()})
-    checkpoint.prune(run_dir, loop.keep_last, step)
-    return held
-
-
-def restore(policies: dict[str, TrainedPolicy], run_dir: Path, loop: LoopConfig) -> tuple[int, list[list[Trace]]]:
-    """Every trained policy from the newest checkpoint of `run_dir` that loads (the one before
-    if the newest is damaged); returns its step and the rollout groups kept with it (whole steps
-    of `loop.groups_per_step`, else ValueError)."""
-    held = []
-
-    def load(ckpt: Path, state: dict) -> None:
-        if "versions" not in state:
-            raise ValueError(
-                f"{ckpt} is in the one-policy layout of older tracerl versions (hf/ and deepspeed/ "
-                f"at its top); move them into {ckpt}/main/ and write "
-                f'"versions": {{"main": {state.get("version")}}} into its trainer_state.json'
-            )
-        missing = sorted(set(policies) - set(state["versions"]))
-        if missing:
-            raise ValueError(f"{ckpt.name} has no policies {missing} (it holds {sorted(state['versions'])})")
-        held[:] = checkpoint.load_rollouts(ckpt)
-        for p, policy in policies.items():
-            policy.restore(ckpt, state["versions"][p])
-
-    ckpt, state = checkpoint.load_newest(run_dir, load)
-    if len(held) % loop.groups_per_step:
-        raise ValueError(
-            f"the checkpoint keeps {len(held)} rollout groups, not whole steps of "
-            f"trainer.groups_per_step={loop.groups_per_step}: resume with the run's own value"
-        )
-    log.info(
-        f"[train] resumed from {ckpt} at step {state['step']}"
-        + (f" with {len(held)} rollout groups of the steps after it" if held else "")
-    )
-    return state["step"], held
 
 
 def evaluate(fleet: RolloutFleet, cfg: TrainJobConfig, step: int) -> list[Trace]:

@@ -1,17 +1,24 @@
 """A run's folder: what a previous run left in it, whether this run may start there (resume,
-overwrite), and setting it up. trainer/loop.py calls `check_run_dir` before Ray starts and
-`start_run_dir` as the run begins."""
+overwrite), setting it up, and its checkpoints of every trained policy with the rollouts in
+flight (`save`, `restore`). trainer/loop.py calls `check_run_dir` before Ray starts,
+`start_run_dir` as the run begins, `restore` to resume and `save` every trainer.save_every steps."""
 
 from __future__ import annotations
 
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
 from trainer import checkpoint
-from trainer.config import TrainJobConfig
+from trainer.config import LoopConfig, TrainJobConfig
+
+if TYPE_CHECKING:  # annotations only: checking a run_dir needs neither Ray nor torch
+    from rollout.orchestration.fleet import RolloutFleet
+    from rollout.trace import Trace
+    from trainer.policy import TrainedPolicy
 
 log = logging.getLogger(__name__)
 
@@ -76,3 +83,61 @@ def start_run_dir(cfg: TrainJobConfig) -> tuple[Path, Path | None]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     return run_dir, resume_from
+
+
+def save(
+    policies: dict[str, TrainedPolicy],
+    fleet: RolloutFleet,
+    run_dir: Path,
+    step: int,
+    ahead: int,
+    held: list[list[Trace]],
+    loop: LoopConfig,
+) -> list[list[Trace]]:
+    """One checkpoint of every trained policy at `step`, with the rollout groups of the steps
+    after it, visible only once all are written; then only the newest `keep_last` are kept.
+    Returns those groups: the ones `held`, and the steps in flight (up to `ahead`), let finish."""
+    # the steps in flight ran (partly) on weights older than the checkpoint's: they finish and
+    # are kept with it, since a resumed run could not generate them again
+    in_flight = (ahead - step) * loop.groups_per_step - len(held)
+    held = held + (fleet.take(in_flight, loop.rollout_timeout_s) if in_flight else [])
+    checkpoint.start(run_dir, step)
+    for policy in policies.values():
+        policy.save(run_dir, step)
+    checkpoint.save_rollouts(run_dir, step, held)
+    checkpoint.finish(run_dir, step, {p: policy.version for p, policy in policies.items()})
+    checkpoint.prune(run_dir, loop.keep_last, step)
+    return held
+
+
+def restore(policies: dict[str, TrainedPolicy], run_dir: Path, loop: LoopConfig) -> tuple[int, list[list[Trace]]]:
+    """Every trained policy from the newest checkpoint of `run_dir` that loads (the one before
+    if the newest is damaged); returns its step and the rollout groups kept with it (whole steps
+    of `loop.groups_per_step`, else ValueError)."""
+    held = []
+
+    def load(ckpt: Path, state: dict) -> None:
+        if "versions" not in state:
+            raise ValueError(
+                f"{ckpt} is in the one-policy layout of older tracerl versions (hf/ and deepspeed/ "
+                f"at its top); move them into {ckpt}/main/ and write "
+                f'"versions": {{"main": {state.get("version")}}} into its trainer_state.json'
+            )
+        missing = sorted(set(policies) - set(state["versions"]))
+        if missing:
+            raise ValueError(f"{ckpt.name} has no policies {missing} (it holds {sorted(state['versions'])})")
+        held[:] = checkpoint.load_rollouts(ckpt)
+        for p, policy in policies.items():
+            policy.restore(ckpt, state["versions"][p])
+
+    ckpt, state = checkpoint.load_newest(run_dir, load)
+    if len(held) % loop.groups_per_step:
+        raise ValueError(
+            f"the checkpoint keeps {len(held)} rollout groups, not whole steps of "
+            f"trainer.groups_per_step={loop.groups_per_step}: resume with the run's own value"
+        )
+    log.info(
+        f"[train] resumed from {ckpt} at step {state['step']}"
+        + (f" with {len(held)} rollout groups of the steps after it" if held else "")
+    )
+    return state["step"], held

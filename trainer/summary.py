@@ -6,6 +6,7 @@ from __future__ import annotations
 from rollout.orchestration.fleet import RolloutFleet
 from rollout.stats import trace_metrics
 from rollout.trace import Trace
+from trainer.config import LoopConfig
 from trainer.metrics import paired_comparison
 from trainer.policy import TrainedPolicy
 
@@ -56,4 +57,24 @@ def policy_summary(fleet: RolloutFleet, policies: dict[str, TrainedPolicy]) -> d
             "engines": [i["node_id"] for i in infos],
             "learners": [n for v in per_policy.values() for n in v["learner_nodes"]],
         },
+    }
+
+
+def run_summary(
+    initial: list[Trace],
+    final: list[Trace],
+    first: int,
+    wall_s: float,
+    fleet: RolloutFleet,
+    policies: dict[str, TrainedPolicy],
+    loop: LoopConfig,
+) -> dict:
+    """summary.json: the held-out eval before and after (paired), the steps this call ran from
+    `first`, its wall time, and each trained policy's totals."""
+    return {
+        **eval_summary(initial, final),
+        "steps": loop.steps,
+        "start_step": first,
+        "wall_s": round(wall_s, 1),
+        **policy_summary(fleet, policies),
     }

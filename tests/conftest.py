@@ -416,6 +416,22 @@ def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: fl
     return logp[pos, torch.tensor(completion)]
 
 
+def run_bare_python(args: list[str], cwd, timeout_s: float = 120) -> tuple[int, str]:
+    """`python <args>` in `cwd` with only the repository on its path and a bare PATH (the suite's
+    own hooks, tried in a pytest or a driver of their own); its exit code and its output."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def read_metrics(run_dir) -> list[dict]:
     """The rows of a run's metrics.jsonl."""
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]

@@ -2,11 +2,11 @@
 from the first test that waits for one (those run last) where the machine has room for a second,
 each job's failure raised in its test."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_bare_python
 
 pytestmark = pytest.mark.unit
 
@@ -61,16 +61,8 @@ print("b", got["b"])
 def test_the_lane_runs_one_job_until_a_test_waits_then_two_and_raises_a_jobs_failure(tmp_path, below_gib, beside_a):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(job=JOB))
-    proc = subprocess.run(
-        [sys.executable, str(driver), str(tmp_path), below_gib],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+    rc, out = run_bare_python([str(driver), str(tmp_path), below_gib], ROOT, timeout_s=300)
+    assert rc == 0, out
     assert f"a {{'started': {beside_a}}}" in out, out  # b started while a ran, where there was room
     assert "fails raised AssertionError" in out and "b {'started': ['a', 'b']}" in out, out
     assert "background lane (job start+wall): " in out and all(f"{n} " in out for n in ("a", "b", "fails")), out

@@ -2,15 +2,12 @@
 test marked `needs_memory_gb(n)` that fails naming the test, its need and what was available when
 the machine does not have it (rather than being killed by Ray's memory monitor)."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.conftest import run_bare_python
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFTEST = """
 import tests.conftest
 from tests.conftest import pytest_configure, pytest_runtest_setup, pytest_terminal_summary  # noqa: F401
@@ -34,16 +31,8 @@ def test_a_test_needing_more_memory_than_there_is_fails_naming_it_and_the_peak_i
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_x.py").write_text(TESTS)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    needs_memory_gb(n): m\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1 and "1 passed, 1 error" in out, out
+    rc, out = run_bare_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA"], tmp_path)
+    assert rc == 1 and "1 passed, 1 error" in out, out
     assert "PASSED test_x.py::test_small" in out, out
     assert "test_x.py::test_huge needs 100000 GiB of memory available to start (+ " in out, out
     assert "after 1 s of waiting" in out, out

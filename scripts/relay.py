@@ -18,13 +18,12 @@ reused. OUT/pilot.json holds the gate's three criteria (section 3.3 of the resul
 
 the generated tokens per trace of each condition (arm A's and the majority vote's token matching),
 and the seeds the main runs need (5, or 8 when 5 cannot detect 8 points). Its last output line is
-a JSON summary.
+a JSON summary. The items, their files and the sign test are trainer/results.py's.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import statistics
@@ -33,11 +32,11 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
-from harnesses.verifiers.answers import extract_answer
 from rollout.models import resolve_model
-from rollout.trace import Trace, read_jsonl
+from rollout.trace import read_jsonl
 from trainer.config import compose
 from trainer.metrics import write_atomic
+from trainer.results import head_commit, item, item_number, mean, read_items, sign_test, write_items
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,33 +56,6 @@ SEED_SD = 0.043
 # two-sided, with 80% power (5 and 8 seeds).
 T_QUANTILES = {4: (2.776, 0.941), 7: (2.365, 0.896)}
 TARGET_EFFECT = 0.08  # the smallest C - A difference the main runs must detect with 80% power
-
-
-def item(trace: Trace, decode) -> dict:
-    """One evaluated item in short."""
-    rec = {
-        "id": trace.info.get("task", trace.group),
-        "reward": trace.reward,
-        "tokens": trace.num_generated_tokens,
-        "tokens_by_role": {
-            r: sum(len(s.completion_ids) for s in trace.sequences if s.agent == r) for r in trace.agents
-        },
-        "truncated": trace.status == "truncated",
-        "failed": trace.status == "failed",
-    }
-    if trace.agent_rewards:
-        rec["roles"] = trace.agent_rewards
-    if "expression" in trace.info:  # harnesses/programs/relay.py
-        rec.update({k: trace.info[k] for k in ("expression", "steps", "calculator_right")})
-        rec["answer"] = trace.info["final"]
-    else:
-        rec["answer"] = extract_answer(decode(trace.sequences[-1].completion_ids)) if trace.sequences else None
-    return rec
-
-
-def mean(xs) -> float | None:
-    xs = list(xs)
-    return round(statistics.fmean(xs), 4) if xs else None
 
 
 def gate(single: list[dict], team: list[dict]) -> dict:
@@ -136,111 +108,7 @@ def tokens(recs: list[dict]) -> dict:
     }
 
 
-# ---- the pre-registered analysis (docs/preregistration/relay.md) ---------------------------------
-
-
-def sign_test(before: list[dict], after: list[dict]) -> dict:
-    """Items that got better / worse from `before` to `after` (the same items), and the exact
-    two-sided binomial p of that split (McNemar's exact test; ties dropped)."""
-    assert [r["id"] for r in before] == [r["id"] for r in after], "the conditions must hold the same items"
-    better = sum(a["reward"] > b["reward"] for b, a in zip(before, after))
-    worse = sum(a["reward"] < b["reward"] for b, a in zip(before, after))
-    n, k = better + worse, min(better, worse)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
-    return {"better": better, "worse": worse, "p": p}
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularised incomplete beta function (Lentz's method, as in
-    Numerical Recipes' betacf)."""
-    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for num in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def t_two_sided_p(t: float, df: int) -> float:
-    """P(|T| >= |t|) for Student's t with `df` degrees of freedom: I_x(df/2, 1/2), x = df/(df+t^2)."""
-    x, a, b = df / (df + t * t), df / 2.0, 0.5
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def paired_t(diffs: list[float]) -> dict:
-    """The paired t-test over seeds of per-seed differences: mean, t, two-sided p (n - 1 df)."""
-    n, m = len(diffs), statistics.fmean(diffs)
-    assert n >= 2, "a paired t-test needs at least 2 seeds"
-    sd = statistics.stdev(diffs)
-    if sd == 0.0:
-        return {"seeds": n, "mean": m, "t": math.copysign(math.inf, m) if m else 0.0, "p": 0.0 if m else 1.0}
-    t = m / (sd / math.sqrt(n))
-    return {"seeds": n, "mean": m, "t": t, "p": t_two_sided_p(t, n - 1)}
-
-
-def bootstrap_ci(a: list[list[float]], c: list[list[float]], resamples: int = 10000, seed: int = 0) -> tuple:
-    """95% two-level bootstrap CI of mean over seeds of (mean c - mean a): resample seeds, then
-    within each drawn seed its items (one item draw for both arms: they stay paired).
-    a[s][i], c[s][i]: the reward of item i in seed s."""
-    import numpy as np
-
-    d = np.asarray(c, dtype=float) - np.asarray(a, dtype=float)  # (seeds, items)
-    rng = np.random.default_rng(seed)
-    seeds, items = d.shape
-    stats = []
-    for start in range(0, resamples, 500):  # in chunks: (500, seeds, items) indices at a time
-        n = min(500, resamples - start)
-        picks = rng.integers(0, seeds, size=(n, seeds))
-        rows = rng.integers(0, items, size=(n, seeds, items))
-        stats.append(d[picks[..., None], rows].mean(axis=(1, 2)))
-    stats = np.concatenate(stats)
-    return float(np.percentile(stats, 2.5)), float(np.percentile(stats, 97.5))
-
-
-def holm(pvalues: dict[str, float]) -> dict[str, float]:
-    """Holm-adjusted p-values of a family (step-down, monotone, capped at 1)."""
-    order = sorted(pvalues, key=pvalues.get)
-    adjusted, running = {}, 0.0
-    for rank, name in enumerate(order):
-        running = max(running, min(1.0, (len(order) - rank) * pvalues[name]))
-        adjusted[name] = running
-    return adjusted
-
-
 # ---- running the evaluations -------------------------------------------------------------------
-
-
-def task_number(rec: dict) -> int:
-    return int(rec["id"].rsplit("/", 1)[1])  # "story_sum/eval/17"
-
-
-def write_items(path: Path, recs: list[dict]) -> None:
-    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:  # the same bytes each time
-        out.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs).encode())
-
-
-def read_items(path: Path) -> list[dict]:
-    with gzip.open(path, "rt") as f:
-        return [json.loads(line) for line in f]
-
-
-def head_commit() -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 def run_condition(name: str, overrides: list[str], out: Path, work: Path, timeout_s: float) -> list[dict]:
@@ -251,7 +119,7 @@ def run_condition(name: str, overrides: list[str], out: Path, work: Path, timeou
     if path.exists() and meta.exists():
         print(f"[relay] {name}: evaluated already ({path})", flush=True)
         return read_items(path)
-    commit = head_commit()
+    commit = head_commit(ROOT)
     report, log = work / f"{name}.json", work / f"{name}.log"
     cmd = [sys.executable, "scripts/evaluate.py", *overrides, "--out", str(report)]
     print(f"[relay] {name}: {' '.join(cmd[1:])} (output: {log})", flush=True)
@@ -265,7 +133,7 @@ def run_condition(name: str, overrides: list[str], out: Path, work: Path, timeou
 
     tok = Tokenizer.from_file(str(Path(resolve_model(model.name, model.path)) / "tokenizer.json"))
     traces = read_jsonl(json.loads(report.read_text())["model"]["traces"])
-    recs = sorted((item(t, lambda ids: tok.decode(ids, skip_special_tokens=True)) for t in traces), key=task_number)
+    recs = sorted((item(t, lambda ids: tok.decode(ids, skip_special_tokens=True)) for t in traces), key=item_number)
     write_items(path, recs)
     wall = json.loads(report.read_text())["model"]["wall_s"]
     write_atomic(meta, json.dumps({"commit": commit, "overrides": overrides, "wall_s": wall}, indent=2))

@@ -3,9 +3,9 @@
 
 Each preset composes and validates, holds out stories no training draw repeats, and changes from
 arm B (relay_team_shared) exactly what its arm is about; the single agent gets the team's whole
-token budget. The gate's criteria, the seed count and the pre-registered analysis (paired t,
-two-level bootstrap, Holm, exact sign test) are checked on numbers made up here; the pilot's
-code path runs end to end on the tiny model in tests/scripts/test_relay_quick.py; its real
+token budget. The gate's criteria, the seed count and the token counts are checked on numbers made
+up here (the items' records and the pre-registered statistics: tests/trainer/test_results.py); the
+pilot's code path runs end to end on the tiny model in tests/scripts/test_relay_quick.py; its real
 evaluations are in docs/results/relay_pilot/.
 """
 
@@ -18,10 +18,10 @@ import pytest
 from harnesses.base import normalize_question
 from harnesses.programs.solver_verifier import SOLVER_SYSTEM
 from rollout.config import make_task_source
-from rollout.trace import Sequence, Trace
-from scripts.relay import CONDITIONS, gate, item, seeds_needed, tokens
+from scripts.relay import CONDITIONS, ROOT, gate, seeds_needed, tokens
 from trainer.checks import validate
 from trainer.config import compose
+from trainer.results import read_items
 
 ARMS = ("single_agent", "team_shared", "team_lora")
 
@@ -159,85 +159,13 @@ def test_more_seeds_when_five_cannot_detect_eight_points():
 
 
 @pytest.mark.unit
-def test_an_items_record_reads_the_relays_info_and_counts_tokens_by_role():
-    seq = lambda role, n: Sequence([1, 2], list(range(n)), [0.0] * n, role, "main", 0)  # noqa: E731
-    info = {
-        "task": "story_sum/eval/3",
-        "expression": "3+5",
-        "steps": ["3 + 5"],
-        "calculator_right": [True],
-        "final": "8",
-    }
-    trace = Trace(
-        "t", "g", [seq("reader", 4), seq("calculator", 6)], 1.0, {"reader": 1.0, "calculator": 1.0}, info=info
-    )
-    r = item(trace, decode=None)
-    assert r["id"] == "story_sum/eval/3" and r["answer"] == "8" and r["tokens"] == 10
-    assert r["tokens_by_role"] == {"calculator": 6, "reader": 4} and r["calculator_right"] == [True]
-    single = Trace("s", "g", [seq("solver", 5)], 0.0, status="truncated", info={"task": "story_sum/eval/3"})
-    r = item(single, decode=lambda ids: "so <answer>7</answer>")
-    assert (r["answer"], r["truncated"], r["failed"]) == ("7", True, False)
-    assert tokens([r])["truncated"] == 1 and tokens([r])["by_role"] == {"solver": 5.0}
-
-
-# ---- the pre-registered analysis (scripts/relay.py) ---------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "t, df, p",
-    [(2.776, 4, 0.05), (2.365, 7, 0.05), (0.941, 4, 0.40), (12.706, 1, 0.05), (1.96, 10**5, 0.05), (0.0, 5, 1.0)],
-)
-@pytest.mark.unit
-def test_the_t_distributions_two_sided_p_matches_the_tables(t, df, p):
-    from scripts.relay import t_two_sided_p
-
-    assert t_two_sided_p(t, df) == pytest.approx(p, abs=2e-4)
-    assert t_two_sided_p(-t, df) == t_two_sided_p(t, df)
-
-
-@pytest.mark.unit
-def test_the_paired_t_test_over_seeds():
-    from scripts.relay import paired_t
-
-    # d = 0.1, 0.05, 0.08, 0.02, 0.07: mean 0.064, sd 0.03050, t = 4.6927 (4 df), p = 0.00936
-    r = paired_t([0.1, 0.05, 0.08, 0.02, 0.07])
-    assert (r["seeds"], round(r["mean"], 4), round(r["t"], 3), round(r["p"], 4)) == (5, 0.064, 4.693, 0.0094)
-    assert paired_t([0.02, 0.02, 0.02])["p"] == 0.0 and paired_t([0.0, 0.0])["p"] == 1.0
-    assert paired_t([0.1, -0.1, 0.05, -0.05, 0.0])["p"] == 1.0
-
-
-@pytest.mark.unit
-def test_holm_adjusts_step_down_and_stays_monotone():
-    from scripts.relay import holm
-
-    assert holm({"vote": 0.04, "A": 0.01, "transplant": 0.03}) == {"A": 0.03, "transplant": 0.06, "vote": 0.06}
-    assert holm({"A": 0.5, "B": 0.6}) == {"A": 1.0, "B": 1.0}
-
-
-@pytest.mark.unit
-def test_the_two_level_bootstrap_resamples_seeds_and_items_paired():
-    import random
-
-    from scripts.relay import bootstrap_ci
-
-    r = random.Random(0)
-    a = [[float(r.random() < 0.3) for _ in range(512)] for _ in range(5)]
-    c = [[x if r.random() < 0.8 else 1.0 for x in row] for row in a]  # c >= a everywhere, ~14 points better
-    lo, hi = bootstrap_ci(a, c, resamples=2000)
-    true = sum(sum(y) - sum(x) for x, y in zip(a, c)) / (5 * 512)
-    assert 0 < lo < true < hi < 0.25
-    same = bootstrap_ci(a, a, resamples=500)
-    assert same == (0.0, 0.0), "paired: one item draw for both arms"
-    assert bootstrap_ci(a, c, resamples=500, seed=1) == bootstrap_ci(a, c, resamples=500, seed=1)
-
-
-@pytest.mark.unit
-def test_the_sign_test_counts_items_that_moved():
-    from scripts.relay import sign_test
-
-    before = [rec(i, float(i < 10)) for i in range(40)]
-    after = [rec(i, float(i < 30) if i >= 5 else 0.0) for i in range(40)]  # 5 worse, 20 better
-    assert sign_test(before, after) == {"better": 20, "worse": 5, "p": pytest.approx(0.00408, abs=1e-5)}
+def test_the_tokens_per_trace_by_role_and_the_truncations():
+    team = [
+        rec(0, 1.0) | {"tokens": 10, "tokens_by_role": {"reader": 4, "calculator": 6}, "failed": False},
+        rec(1, 0.0) | {"tokens": 5, "tokens_by_role": {"reader": 5}, "truncated": True, "failed": True},
+    ]
+    t = tokens(team)
+    assert t == {"per_trace": 7.5, "by_role": {"calculator": 3.0, "reader": 4.5}, "truncated": 1, "failed": 1}
 
 
 @pytest.mark.unit
@@ -245,8 +173,6 @@ def test_the_presets_run_what_the_pilot_gate_passed_and_match_its_tokens():
     """docs/results/relay_pilot/ops1: the gate passed with one operation; arm A's groups a step are
     the team's 4 scaled by the untrained team's and single agent's generated tokens per story."""
     import json
-
-    from scripts.relay import ROOT, read_items
 
     pilot = json.loads((ROOT / "docs/results/relay_pilot/ops1/pilot.json").read_text())
     assert pilot["passed"] and pilot["items"] == 512

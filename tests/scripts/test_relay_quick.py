@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.relay import CONDITIONS, ROOT, gate, read_items
+from scripts.relay import CONDITIONS, ROOT, gate
 from tests import lane
+from trainer.results import read_items
 
 pytestmark = pytest.mark.e2e
 

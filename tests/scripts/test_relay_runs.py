@@ -1,8 +1,9 @@
-"""The relay experiment's main-run driver (scripts/relay_runs.py) and its pre-registered analysis
-(scripts/relay_analysis.py), on per-item files made up here in the committed format: a known
-effect is found, the success rule's edge, Holm over the three contrasts, the positive control,
-a dropped seed, a pending verdict; the failure rule, the vote's k_s and the command line. The
-whole pipeline runs on the tiny model in tests/scripts/test_relay_runs_quick.py.
+"""The relay experiment's main-run driver and its pre-registered analysis (scripts/relay_runs.py),
+on per-item files made up here in the committed format: a known effect is found, the success
+rule's edge, Holm over the three contrasts, the positive control, a dropped seed, a pending
+verdict; the failure rule, the vote's k_s and the command line. The statistics themselves are
+tested in tests/trainer/test_results.py; the whole pipeline runs on the tiny model in
+tests/scripts/test_relay_runs_quick.py.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import json
 import pytest
 
 from rollout.trace import Sequence, Trace
-from scripts import relay, relay_analysis, relay_runs
-from scripts.relay_analysis import analyze, markdown, mean_ci, roles
+from scripts import relay_runs
+from scripts.relay_runs import analyze, markdown, mean_ci, roles
+from trainer.results import holm, paired_t
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +27,7 @@ A_RIGHT = [20, 24, 18, 22, 26, 21, 19, 23]  # arm A's right stories per seed (1-
 def fewer_resamples(monkeypatch):
     """2,000 bootstrap resamples instead of the pre-registered 10,000: these tests check what the
     intervals are of, not their third digit (and run in seconds on a loaded box)."""
-    monkeypatch.setattr(relay_analysis, "RESAMPLES", 2000)
+    monkeypatch.setattr(relay_runs, "RESAMPLES", 2000)
 
 
 def items(right: int, team: bool = False, calculator: float = 0.8, n: int = N) -> list[dict]:
@@ -101,7 +103,7 @@ def test_a_known_effect_is_found_with_its_ci_and_the_success_rule_met(tmp_path):
     c_a = a["primary"]["C_vs_A"]
     assert a["seeds"] == {"planned": list(range(1, 9)), "in": list(range(1, 9)), "dropped": [], "incomplete": {}}
     assert c_a["mean_points"] == 10.0 and c_a["per_seed_points"]["2"] == 12.0 and c_a["mean_exact"] == "1/10"
-    assert c_a["p"] == pytest.approx(relay.paired_t([d / 100 for d in jitter])["p"]) and c_a["p"] < 1e-5
+    assert c_a["p"] == pytest.approx(paired_t([d / 100 for d in jitter])["p"]) and c_a["p"] < 1e-5
     lo, hi = c_a["ci_points"]
     assert 5 < lo < 10 < hi < 15
     assert a["verdict"]["success"] and a["verdict"]["final"] and a["verdict"]["text"].startswith("success")
@@ -121,7 +123,7 @@ def test_holm_adjusts_the_three_contrasts_and_the_vote_copied_from_a_stays_a_mem
     primary = a["primary"]
     raw = {name: c["p"] for name, c in primary.items()}
     assert set(raw) == {"C_vs_A", "C_vs_vote", "C_vs_transplant"}
-    assert {name: c["p_holm"] for name, c in primary.items()} == relay.holm(raw)
+    assert {name: c["p_holm"] for name, c in primary.items()} == holm(raw)
     # vote = A on every item (k_s = 1): the same p as C vs A, still its own member of the family
     assert raw["C_vs_vote"] == raw["C_vs_A"] and primary["C_vs_A"]["p_holm"] == pytest.approx(3 * raw["C_vs_A"])
     assert (
@@ -176,7 +178,7 @@ def test_the_verdict_is_pending_until_every_seed_is_in(tmp_path):
     experiment(tmp_path, seeds=range(1, 7), leave_out={(6, "oracle")})
     a = analyze(tmp_path)
     assert a["seeds"]["in"] == [1, 2, 3, 4, 5] and a["seeds"]["incomplete"]["6"] == ["oracle"]
-    assert a["seeds"]["incomplete"]["7"] == ["single_agent", "team_shared", "team_lora", *relay_analysis.CONTROLS]
+    assert a["seeds"]["incomplete"]["7"] == ["single_agent", "team_shared", "team_lora", *relay_runs.CONTROLS]
     assert not a["verdict"]["final"] and a["verdict"]["text"].startswith("pending: 5 of 8 seeds in")
     assert "Every number below is provisional" in markdown(a)
     empty = analyze(tmp_path / "none")
@@ -251,7 +253,7 @@ def test_a_run_of_other_settings_is_refused_before_anything_runs(tmp_path):
 
 
 def test_each_arm_evaluates_at_steps_0_10_20_30_and_quick_after_each_step():
-    for arm in relay_analysis.ARMS.values():
+    for arm in relay_runs.ARMS.values():
         assert relay_runs.eval_steps([f"experiment=relay_{arm}"]) == [0, 10, 20, 30]
     assert relay_runs.eval_steps(["experiment=relay_team_lora", *relay_runs.QUICK]) == [0, 1, 2]
 
@@ -270,5 +272,5 @@ def test_a_dropped_run_is_not_trained_again_and_its_seed_gets_no_controls(tmp_pa
     run.save(run.status() | {"state": "dropped"})
     assert run.train() == "dropped" and not run.dir.exists()
     controls = relay_runs.Controls(5, tmp_path / "runs", tmp_path / "results").all()
-    assert controls == dict.fromkeys(relay_analysis.CONTROLS, "seed dropped")
+    assert controls == dict.fromkeys(relay_runs.CONTROLS, "seed dropped")
     assert not (tmp_path / "runs" / "controls").exists()

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.relay import ROOT, read_items
-from scripts.relay_analysis import ARMS, CONTROLS, acc
-from scripts.relay_runs import CONTROLS as CONTROL_RUNS, QUICK, Run, vote_k
+from scripts.relay_runs import ARMS, CONTROLS, QUICK, ROOT, Run, acc, vote_k
 from tests import lane
+from trainer.results import read_items
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +64,7 @@ def test_the_quick_pipeline_trains_each_arm_runs_each_control_and_analyzes_them(
     controls = OUT / "results" / "controls" / "seed1"
     items = {name: read_items(controls / f"{name}.items.jsonl.gz") for name in CONTROLS}
     metas = {name: json.loads((controls / f"{name}.meta.json").read_text()) for name in CONTROLS}
-    for name, (arm, overrides) in CONTROL_RUNS.items():
+    for name, (arm, overrides) in CONTROLS.items():
         assert [r["id"] for r in items[name]] == IDS, name
         assert (
             metas[name]["overrides"][: len(overrides)] == overrides and metas[name]["overrides"][-len(QUICK) :] == QUICK

@@ -34,8 +34,9 @@ RESULTS/analysis.json and analysis.md: the pre-registered analysis (docs/preregi
 "Analysis"), below the runs and controls here. A seed is in when every arm's last evaluation and
 every control are written; the contrasts are over the seeds in, and the verdict is pending until
 every planned seed is in or dropped. The tests are trainer/results.py's (paired_t, bootstrap_ci,
-holm, sign_test: scripts/relay.py's at the pre-registration's commit, moved unchanged). The last
-output line of every command is one JSON object.
+holm, sign_test: scripts/relay.py's at the pre-registration's commit, moved unchanged); the
+contrasts, summaries and tables over them trainer/contrasts.py's, the jobs' helpers trainer/jobs.py's.
+The last output line of every command is one JSON object.
 """
 
 from __future__ import annotations
@@ -43,11 +44,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -55,25 +54,34 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
-
-from harnesses.programs.majority_vote import majority
-from rollout.models import resolve_model
-from rollout.trace import Trace, read_jsonl
+from rollout.trace import read_jsonl
 from trainer import checkpoint
 from trainer.config import compose
-from trainer.metrics import write_atomic
-from trainer.results import (
-    bootstrap_ci,
-    head_commit,
-    holm,
-    item,
-    item_number,
-    paired_t,
-    read_items,
-    sign_test,
-    write_items,
+from trainer.contrasts import (
+    CONTRAST_HEAD,
+    RUN_HEAD,
+    STEP_HEAD,
+    contrast_rows,
+    control_rows,
+    holm_family,
+    interval,
+    items_by_seed,
+    load_study,
+    mean_ci,
+    num,
+    paired_contrast,
+    pval,
+    run_rows,
+    run_table_rows,
+    seeds_state,
+    sign_tests_by_seed,
+    step_rows,
+    step_table,
+    table,
 )
+from trainer.jobs import eval_steps, provenance, run_script
+from trainer.metrics import write_atomic
+from trainer.results import decoder, read_condition, read_items, records, sign_test, write_condition
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"A": "single_agent", "B": "team_shared", "C": "team_lora"}
@@ -91,6 +99,7 @@ CONTROLS = {
     "vote": ("single_agent", ["experiment=relay_single_agent", "harness=majority_vote"]),  # + harness.options.k
     "oracle": ("team_lora", ["experiment=relay_team_lora", "harness.options.oracle_calculator=true"]),
 }
+CONTROL_META = ("wall_s", "k", "k_rule", "tokens_team_lora", "tokens_single_agent", "source")  # reported per control
 # --quick: the tiny model, 2 steps of 2 groups of 4 with an evaluation after each, 8 stories
 QUICK = [
     "model=tiny",
@@ -121,100 +130,6 @@ def rel(p: Path) -> str:
     """A path as the commands and the committed files give it: relative to the root if inside it."""
     p = p.resolve()
     return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
-
-
-def provenance() -> dict:
-    """The commit the code runs at, and the code files that differ from it or are not in it (git
-    status of harnesses/ rollout/ trainer/ scripts/ conf/): the checkout is shared, so uncommitted
-    work runs too, and is recorded."""
-    lines = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=normal", "--", *CODE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.splitlines()
-    return {"commit": head_commit(ROOT), "dirty": sorted(line[3:] for line in lines if line.strip())}
-
-
-# ---- running a script of ours ---------------------------------------------------------------
-
-
-def run_script(args: list[str], log_path: Path, timeout_s: float) -> tuple[str, float]:
-    """`python <args>` from the root, its output to `log_path`: (finished | failed | timed out, wall
-    seconds). Its process group (the job's Ray and engines) is ended on a timeout, and when this
-    script stops (Ctrl-C, SIGTERM), so that nothing of it outlives the attempt."""
-    t0 = time.perf_counter()
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            outcome = "finished" if proc.wait(timeout=timeout_s) == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            outcome = "timed out"
-        finally:
-            end_group(proc)
-    return outcome, round(time.perf_counter() - t0, 1)
-
-
-def end_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the process's group (its own shutdown ends Ray), then SIGKILL to what is left."""
-    for sig, grace_s in ((signal.SIGTERM, 60), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:  # the group is gone
-            return
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-# ---- per-item files -------------------------------------------------------------------------
-
-
-def decoder(overrides: list[str]):
-    """The token decoder of the composed run's first trained policy (as scripts/relay.py's)."""
-    from tokenizers import Tokenizer
-
-    cfg = compose("train", overrides)
-    model = cfg.policy_model(cfg.trainable_policies()[0])
-    tok = Tokenizer.from_file(str(Path(resolve_model(model.name, model.path)) / "tokenizer.json"))
-    return lambda ids: tok.decode(ids, skip_special_tokens=True)
-
-
-def records(traces: list[Trace], decode) -> list[dict]:
-    """item() of each trace, in task order. A majority vote's answer is the voted one and its
-    samples' answers are kept (item() reads the last sample)."""
-    recs = []
-    for t in traces:
-        rec = item(t, decode)
-        if "votes" in t.info:  # harnesses/programs/majority_vote.py
-            answers = t.info["answers"]
-            rec.update(answer=answers[majority(answers)], answers=answers, votes=t.info["votes"])
-        recs.append(rec)
-    return sorted(recs, key=item_number)
-
-
-def write_condition(folder: Path, name: str, recs: list[dict], meta: dict) -> None:
-    """<name>.items.jsonl.gz, then <name>.meta.json: a meta file means the items are whole."""
-    folder.mkdir(parents=True, exist_ok=True)
-    write_items(folder / f"{name}.items.jsonl.gz", recs)
-    write_atomic(folder / f"{name}.meta.json", json.dumps(meta, indent=2, allow_nan=False))
-
-
-def read_condition(folder: Path, name: str) -> tuple[list[dict], dict] | None:
-    if not (folder / f"{name}.meta.json").exists():
-        return None
-    return read_items(folder / f"{name}.items.jsonl.gz"), json.loads((folder / f"{name}.meta.json").read_text())
-
-
-def eval_steps(overrides: list[str]) -> list[int]:
-    """The steps a run of these overrides evaluates at (trainer/loop.py: the start, every
-    eval_every, the last)."""
-    t = compose("train", overrides).trainer
-    return sorted({0, t.steps} | (set(range(t.eval_every, t.steps + 1, t.eval_every)) if t.eval_every else set()))
 
 
 # ---- the arms -------------------------------------------------------------------------------
@@ -324,16 +239,16 @@ class Run:
         n = len(status["attempts"]) + 1
         log_path = self.dir.with_name(f"seed{self.seed}.attempt{n}.log")
         kind = "resume" if checkpoint.latest(self.dir) else "fresh"
-        a = {"n": n, "phase": phase, "kind": kind, **provenance()}
+        a = {"n": n, "phase": phase, "kind": kind, **provenance(ROOT, CODE)}
         a |= {"started": datetime.now(UTC).isoformat(timespec="seconds"), "outcome": "running", "wall_s": None}
         a["log"] = rel(log_path)
         status["attempts"].append(a)
         status["state"] = "running"
         self.save(status)
         log(f"{self.label}: attempt {n} ({kind}) into {rel(self.dir)} (output: {rel(log_path)})")
-        t0 = time.time()
+        t0, cmd = time.time(), ["scripts/train.py", *self.overrides()]
         try:
-            a["outcome"], a["wall_s"] = run_script(["scripts/train.py", *self.overrides()], log_path, self.timeout_s)
+            a["outcome"], a["wall_s"] = run_script(cmd, log_path, self.timeout_s, ROOT)
         except BaseException:  # this script is stopping: the run's processes are ended, the attempt recorded
             a["outcome"], a["wall_s"] = "interrupted", round(time.time() - t0, 1)
             self.save(status)
@@ -456,11 +371,11 @@ class Controls:
             )
         work = self.out / "controls" / f"seed{self.seed}"
         report, log_path = work / f"{name}.json", work / f"{name}.log"
-        prov = provenance()
+        prov = provenance(ROOT, CODE)
         log(f"seed {self.seed} {name}: evaluating {rel(run.dir)} (output: {rel(log_path)})")
         cmd = ["scripts/evaluate.py", *overrides, "--model", rel(run.dir), "--out", str(report)]
         for tries in range(1, START_TRIES + 1):  # seeded: a retry evaluates the same (Ray's start times out at times)
-            outcome, wall = run_script(cmd, log_path, self.timeout_s)
+            outcome, wall = run_script(cmd, log_path, self.timeout_s, ROOT)
             if outcome == "finished":
                 break
             log(f"seed {self.seed} {name}: scripts/evaluate.py {outcome} after {wall:.0f} s (try {tries})")
@@ -476,86 +391,6 @@ class Controls:
 
 
 # ---- the analysis (docs/preregistration/relay.md, "Analysis") ---------------------------------
-
-
-def load(results: Path) -> dict:
-    """Every per-item file under `results`: runs[arm][seed] = {status, steps: {n: (items, meta)}},
-    controls[seed][name] = (items, meta)."""
-    runs = {arm: {} for arm in ARMS.values()}
-    for arm in ARMS.values():
-        for folder in sorted((results / arm).glob("seed*")):
-            if folder.name.removeprefix("seed").isdigit():
-                steps = {int(p.name.split(".")[0].removeprefix("step_")) for p in folder.glob("step_*.meta.json")}
-                status = folder / "status.json"
-                runs[arm][int(folder.name[4:])] = {
-                    "status": json.loads(status.read_text()) if status.exists() else None,
-                    "steps": {n: read_condition(folder, f"step_{n}") for n in sorted(steps)},
-                }
-    controls = {}
-    for folder in sorted((results / "controls").glob("seed*")):
-        found = {name: read_condition(folder, name) for name in CONTROLS}
-        controls[int(folder.name[4:])] = {name: c for name, c in found.items() if c is not None}
-    return {"runs": runs, "controls": controls}
-
-
-def final(run: dict) -> list[dict] | None:
-    """The items of the run's last evaluation (step trainer.steps), None before it is written."""
-    if not run["steps"]:
-        return None
-    last = max(run["steps"])
-    return run["steps"][last][0] if last == run["steps"][last][1]["steps"] else None
-
-
-def acc(recs: list[dict]) -> float:
-    return statistics.fmean(r["reward"] for r in recs)
-
-
-def contrast(base: dict[int, list[dict]], other: dict[int, list[dict]], seeds: list[int]) -> dict:
-    """other - base over the seeds (the same stories in both): each seed's difference and the mean
-    in points, the paired t-test over seeds and the two-level bootstrap 95% CI (trainer/results.py)."""
-    seeds = [s for s in seeds if s in base and s in other]
-    if not seeds:
-        return {"seeds": [], "mean_points": None, "t": None, "p": None, "ci_points": None}
-    for s in seeds:
-        assert [r["id"] for r in base[s]] == [r["id"] for r in other[s]], f"seed {s}: not the same stories"
-    diffs = [
-        sum(Fraction(o["reward"]) - Fraction(b["reward"]) for b, o in zip(base[s], other[s])) / len(base[s])
-        for s in seeds
-    ]
-    mean = sum(diffs) / len(diffs)
-    test = paired_t([float(d) for d in diffs]) if len(seeds) >= 2 else {"t": None, "p": None}
-    lo, hi = bootstrap_ci(
-        [[r["reward"] for r in base[s]] for s in seeds], [[r["reward"] for r in other[s]] for s in seeds], RESAMPLES
-    )
-    return {
-        "seeds": seeds,
-        "per_seed_points": {str(s): round(100 * float(d), 3) for s, d in zip(seeds, diffs)},
-        "mean_points": round(100 * float(mean), 3),
-        "mean_exact": str(mean),  # the success rule compares this exactly
-        "t": test["t"] if test["t"] is None or math.isfinite(test["t"]) else str(test["t"]),
-        "p": test["p"],
-        "ci_points": [round(100 * lo, 3), round(100 * hi, 3)],
-    }
-
-
-def mean_ci(per_seed: list[list[float]], seed: int = 0) -> list[float] | None:
-    """95% two-level bootstrap CI of the mean over seeds of each seed's mean, for values not paired
-    across conditions (an accuracy, the calculator's calls): resample seeds, then within each drawn
-    seed its values. Seeds without values are left out."""
-    groups = [np.asarray(g, dtype=float) for g in per_seed if len(g)]
-    if not groups:
-        return None
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(groups), size=(RESAMPLES, len(groups)))  # (resamples, seeds)
-    means = np.empty(picks.shape)
-    for j, g in enumerate(groups):  # every draw of seed j resamples its values anew
-        where, n = picks == j, len(g)
-        if np.isin(g, (0.0, 1.0)).all():  # right / wrong: a resample's mean is Binomial(n, mean) / n
-            means[where] = rng.binomial(n, g.mean(), size=int(where.sum())) / n
-        else:
-            means[where] = g[rng.integers(0, n, size=(int(where.sum()), n))].mean(axis=1)
-    stats = means.mean(axis=1)
-    return [round(float(np.percentile(stats, 2.5)), 4), round(float(np.percentile(stats, 97.5)), 4)]
 
 
 def role_values(recs: list[dict]) -> dict[str, list[float]]:
@@ -579,27 +414,9 @@ def roles(by_seed: dict[int, list[dict]]) -> dict:
                 "per_seed": {str(s): round(statistics.fmean(v), 4) for s, v in per.items()},
                 "calls": sum(len(v) for v in per.values()),
                 "mean": round(statistics.fmean(statistics.fmean(v) for v in per.values()), 4),
-                "ci": mean_ci(list(per.values())),
+                "ci": mean_ci(list(per.values()), RESAMPLES),
             }
     return out
-
-
-def seeds_state(data: dict, planned: tuple[int, ...]) -> dict:
-    """Which planned seeds are in (every arm's last evaluation and every control written), dropped
-    (the failure rule), or incomplete (what is missing)."""
-    dropped, incomplete, seeds_in = [], {}, []
-    for s in planned:
-        runs = {arm: data["runs"][arm].get(s) for arm in ARMS.values()}
-        if any(r and r["status"] and r["status"]["state"] == "dropped" for r in runs.values()):
-            dropped.append(s)
-            continue
-        missing = [arm for arm, r in runs.items() if r is None or final(r) is None]
-        missing += [c for c in CONTROLS if c not in data["controls"].get(s, {})]
-        if missing:
-            incomplete[str(s)] = missing
-        else:
-            seeds_in.append(s)
-    return {"planned": list(planned), "in": seeds_in, "dropped": dropped, "incomplete": incomplete}
 
 
 def positive_control(finals: dict, oracle: dict, seeds: list[int], pilot: Path) -> dict:
@@ -608,7 +425,7 @@ def positive_control(finals: dict, oracle: dict, seeds: list[int], pilot: Path) 
     its calls in every seed. Detected: (i) and (ii) or its exemption."""
     one = sign_test(*(read_items(pilot / f"{c}.items.jsonl.gz") for c in ("team", "oracle")))
     one["pass"] = one["better"] > one["worse"] and one["p"] < ALPHA
-    two = contrast(finals["team_lora"], oracle, seeds)
+    two = paired_contrast(finals["team_lora"], oracle, seeds, RESAMPLES)
     two["pass"] = two["p"] is not None and two["mean_points"] > 0 and two["p"] < ALPHA
     calls = {s: role_values(finals["team_lora"][s]).get("calculator", []) for s in seeds}
     share = {str(s): round(statistics.fmean(c), 4) if c else None for s, c in calls.items()}
@@ -656,100 +473,19 @@ def verdict(seeds: dict, primary: dict, holm_p: dict, positive: dict) -> dict:
     return {"success": success, "final": n + len(seeds["dropped"]) >= planned, "text": text, "transplant": reading}
 
 
-def by_seed(data: dict) -> tuple[dict, dict]:
-    """The runs' last evaluations, finals[arm][seed], and the controls' items, controls[name][seed]."""
-    finals = {arm: {s: f for s, r in data["runs"][arm].items() if (f := final(r)) is not None} for arm in ARMS.values()}
-    ctl = {name: {s: c[name][0] for s, c in data["controls"].items() if name in c} for name in CONTROLS}
-    return finals, ctl
-
-
-def run_rows(data: dict) -> list[dict]:
-    """Every arm x seed written so far: accuracy, tokens and truncations at each evaluation, the
-    training it took, and its attempts (the failure rule's record)."""
-    rows = []
-    for arm, runs in data["runs"].items():
-        for s, run in sorted(runs.items()):
-            attempts = (run["status"] or {}).get("attempts", [])
-            last = run["steps"][max(run["steps"])][1] if run["steps"] else {}
-            rows.append(
-                {
-                    "arm": arm,
-                    "seed": s,
-                    "state": (run["status"] or {}).get("state"),
-                    "accuracy": {str(n): round(acc(items), 4) for n, (items, _) in run["steps"].items()},
-                    "eval_tokens_per_story": {
-                        str(n): round(statistics.fmean(r["tokens"] for r in items), 2)
-                        for n, (items, _) in run["steps"].items()
-                    },
-                    "eval_truncated": {
-                        str(n): sum(r["truncated"] for r in items) for n, (items, _) in run["steps"].items()
-                    },
-                    **{k: last.get(k) for k in ("generated_tokens", "trained_tokens", "rollout_truncated")},
-                    "train_wall_s": last.get("wall_s"),  # the training steps' own
-                    "wall_s": (run["status"] or {}).get("wall_s"),  # every attempt, start-ups and evaluations too
-                    "attempts": [{k: a[k] for k in ("n", "phase", "kind", "outcome", "wall_s")} for a in attempts],
-                }
-            )
-    return rows
-
-
-def arm_table(data: dict, seeds: list[int]) -> dict:
-    """Per arm and evaluation step, over the seeds in: accuracy (mean, CI), and the generated and
-    trained tokens and training wall time that led there."""
-    out = {}
-    for arm, runs in data["runs"].items():
-        steps = sorted({n for s in seeds if s in runs for n in runs[s]["steps"]})
-        out[arm] = {}
-        for n in steps:
-            got = [runs[s]["steps"][n] for s in seeds if s in runs and n in runs[s]["steps"]]
-            out[arm][str(n)] = {
-                "seeds": len(got),
-                "accuracy": round(statistics.fmean(acc(items) for items, _ in got), 4),
-                "ci": mean_ci([[r["reward"] for r in items] for items, _ in got]),
-                "eval_tokens_per_story": round(statistics.fmean(r["tokens"] for items, _ in got for r in items), 2),
-                **{
-                    k: round(statistics.fmean(m[k] for _, m in got), 1)
-                    for k in ("generated_tokens", "trained_tokens", "wall_s")
-                },
-            }
-    return out
-
-
-def control_rows(data: dict) -> dict:
-    rows = {}
-    for s, found in sorted(data["controls"].items()):
-        rows[str(s)] = {
-            name: {
-                "accuracy": round(acc(items), 4),
-                "tokens_per_story": round(statistics.fmean(r["tokens"] for r in items), 2),
-                "truncated": sum(r["truncated"] for r in items),
-                **{
-                    k: meta[k]
-                    for k in ("wall_s", "k", "k_rule", "tokens_team_lora", "tokens_single_agent", "source")
-                    if k in meta
-                },
-            }
-            for name, (items, meta) in found.items()
-        }
-    return rows
-
-
 def analyze(results: Path, planned: tuple[int, ...] = SEEDS, pilot: Path = PILOT) -> dict:
     """Every number the pre-registration's analysis names, from the per-item files alone."""
-    data = load(results)
-    seeds = seeds_state(data, planned)
+    data = load_study(results, list(ARMS.values()), list(CONTROLS))
+    seeds = seeds_state(data, planned, list(CONTROLS))
     s_in = seeds["in"]
-    finals, ctl = by_seed(data)
+    finals, ctl = items_by_seed(data, list(CONTROLS))
     c = finals["team_lora"]
     primary = {
-        "C_vs_A": contrast(finals["single_agent"], c, s_in),
-        "C_vs_vote": contrast(ctl["vote"], c, s_in),
-        "C_vs_transplant": contrast(ctl["transplant"], c, s_in),
+        "C_vs_A": paired_contrast(finals["single_agent"], c, s_in, RESAMPLES),
+        "C_vs_vote": paired_contrast(ctl["vote"], c, s_in, RESAMPLES),
+        "C_vs_transplant": paired_contrast(ctl["transplant"], c, s_in, RESAMPLES),
     }
-    raw = {name: con["p"] for name, con in primary.items()}
-    holm_p = holm(raw) if None not in raw.values() else {}
-    for name, con in primary.items():
-        con["p_holm"] = holm_p.get(name)
+    holm_p = holm_family(primary)
     positive = positive_control(finals, ctl["oracle"], s_in, pilot)
     role_conditions = {  # the team arms before and after (each evaluation), the controls that hold roles
         f"{arm} step {n}": {s: runs[s]["steps"][n][0] for s in s_in if n in runs[s]["steps"]}
@@ -762,32 +498,20 @@ def analyze(results: Path, planned: tuple[int, ...] = SEEDS, pilot: Path = PILOT
         "primary": primary,
         "positive_control": positive,
         "secondary": {
-            "C_vs_B": contrast(finals["team_shared"], c, s_in),
-            "swap_vs_C": contrast(c, ctl["swap"], s_in),
-            "transplant_vs_A": contrast(finals["single_agent"], ctl["transplant"], s_in),
+            "C_vs_B": paired_contrast(finals["team_shared"], c, s_in, RESAMPLES),
+            "swap_vs_C": paired_contrast(c, ctl["swap"], s_in, RESAMPLES),
+            "transplant_vs_A": paired_contrast(finals["single_agent"], ctl["transplant"], s_in, RESAMPLES),
             "oracle_vs_C": positive["oracle_minus_c"],
-            "run_vs_run_C_vs_A": {str(s): sign_test(finals["single_agent"][s], c[s]) for s in s_in},
+            "run_vs_run_C_vs_A": sign_tests_by_seed(finals["single_agent"], c, s_in),
             "roles": {name: r for name, recs in role_conditions.items() if (r := roles(recs))},
         },
-        "arms": arm_table(data, s_in),
+        "arms": step_table(data, s_in, RESAMPLES),
         "runs": run_rows(data),
-        "controls": control_rows(data),
+        "controls": control_rows(data, CONTROL_META),
     }
 
 
 # ---- the analysis as markdown ---------------------------------------------------------------
-
-
-def num(x, digits: int = 1) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def interval(c, digits: int = 1) -> str:
-    return "-" if c is None else f"[{c[0]:.{digits}f}, {c[1]:.{digits}f}]"
-
-
-def pval(p) -> str:
-    return "-" if p is None else f"{p:.2g}"
 
 
 def share(role: dict | None, calls: bool = False) -> str:
@@ -795,22 +519,6 @@ def share(role: dict | None, calls: bool = False) -> str:
     if role is None:
         return "-"
     return f"{num(role['mean'], 3)} {interval(role['ci'], 3)}" + (f" ({role['calls']})" if calls else "")
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(r)} |" for r in rows), ""]
-
-
-def contrast_rows(contrasts: dict) -> list[list[str]]:
-    return [
-        [name.replace("_vs_", " - "), str(len(c["seeds"])), num(c["mean_points"])]
-        + [interval(c["ci_points"]), num(c["t"] if isinstance(c["t"], float) else None, 2), pval(c["p"])]
-        + [pval(c.get("p_holm"))]
-        for name, c in contrasts.items()
-    ]
-
-
-HEAD = ["contrast", "seeds", "mean (points)", "95% CI (two-level bootstrap)", "t", "p", "Holm p"]
 
 
 def markdown(a: dict) -> str:
@@ -833,7 +541,7 @@ def markdown(a: dict) -> str:
         "",
         "Pre-registered contrasts (paired t over seeds, Holm over the three):",
         "",
-        *table(HEAD, contrast_rows(a["primary"])),
+        *table(CONTRAST_HEAD, contrast_rows(a["primary"])),
         "Success criterion (mean(C - A) >= 5 points with Holm p < 0.05, and mean(C - vote) > 0 with Holm p "
         f"< 0.05): {'met' if v['success'] else 'not met'}."
         + (f" C vs the transplant: {v['transplant']}." if v["transplant"] else ""),
@@ -856,13 +564,16 @@ def positive_line(pc: dict) -> str:
     )
 
 
+SECONDARY = ("C_vs_B", "swap_vs_C", "transplant_vs_A", "oracle_vs_C")  # the secondary contrasts' table
+
+
 def secondary_md(sec: dict) -> list[str]:
     mcnemar = [[s, f"{t['better']} / {t['worse']}", pval(t["p"])] for s, t in sec["run_vs_run_C_vs_A"].items()]
     role_rows = [[name, share(r.get("reader")), share(r.get("calculator"), True)] for name, r in sec["roles"].items()]
     return [
         "Secondary (CIs only, no claims):",
         "",
-        *table(HEAD, contrast_rows({k: sec[k] for k in ("C_vs_B", "swap_vs_C", "transplant_vs_A", "oracle_vs_C")})),
+        *table(CONTRAST_HEAD, contrast_rows({k: sec[k] for k in SECONDARY})),
         "Per-seed exact McNemar tests, C vs A (run vs run):",
         "",
         *table(["seed", "better / worse", "p"], mcnemar),
@@ -874,35 +585,19 @@ def secondary_md(sec: dict) -> list[str]:
 
 def reported_md(a: dict) -> list[str]:
     """Each arm by step over the seeds in; every run and every control (reported regardless)."""
-    arms = [
-        [arm, n, str(x["seeds"]), f"{num(x['accuracy'], 3)} {interval(x['ci'], 3)}", num(x["eval_tokens_per_story"])]
-        + [f"{x['generated_tokens']:,.0f}", f"{x['trained_tokens']:,.0f}", f"{x['wall_s'] / 60:.1f} min"]
-        for arm, steps in a["arms"].items()
-        for n, x in steps.items()
-    ]
-    runs = [
-        [r["arm"], str(r["seed"]), str(r["state"]), ", ".join(f"{n}: {x:.3f}" for n, x in r["accuracy"].items())]
-        + [f"{r['generated_tokens'] or 0:,} / {r['trained_tokens'] or 0:,}"]
-        + [f"{r['rollout_truncated']}; {list(r['eval_truncated'].values())[-1] if r['eval_truncated'] else '-'}"]
-        + [f"{(r['wall_s'] or 0) / 60:.1f} min", "; ".join(f"{x['kind']} {x['outcome']}" for x in r["attempts"])]
-        for r in a["runs"]
-    ]
     vote = lambda v: f"{v['k']} ({num(v['tokens_team_lora'])} / {num(v['tokens_single_agent'])})"  # noqa: E731
     controls = [
         [s, *(f"{num(c[n]['accuracy'], 3)}; {num(c[n]['tokens_per_story'])}" if n in c else "-" for n in CONTROLS)]
         + [vote(c["vote"]) if "vote" in c else "-"]
         for s, c in a["controls"].items()
     ]
-    step_head = ["arm", "step", "seeds", "accuracy [CI]", "eval tokens / story", "generated tokens", "trained tokens"]
-    run_head = ["arm", "seed", "state", "accuracy by step", "generated / trained tokens"]
-    run_head += ["truncated: rollouts; last eval", "wall", "attempts"]
     return [
         "Each arm over the seeds in, at each evaluation (tokens and training wall time up to that step):",
         "",
-        *table([*step_head, "training wall"], arms),
+        *table(STEP_HEAD, step_rows(a["arms"])),
         "Every run (all attempts' wall time; the failure rule's record):",
         "",
-        *table(run_head, runs),
+        *table(RUN_HEAD, run_table_rows(a["runs"])),
         "Controls (accuracy; tokens per story):",
         "",
         *table(["seed", *CONTROLS, "vote's k_s (T_C / T_A)"], controls),

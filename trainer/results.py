@@ -1,11 +1,12 @@
-"""Per-item evaluation results: the record of one evaluated trace, their gzip'd JSONL files, and the
-statistics over paired items and seeds.
+"""Per-item evaluation results: the record of one evaluated trace, their gzip'd JSONL files (with a
+condition's meta file beside them), and the statistics over paired items and seeds.
 
 An item is one held-out task of an evaluation in short (its id, reward, tokens, answer; a relay
 team's sub-task steps). scripts/relay.py (the pilot gate) and scripts/relay_runs.py (the main runs
 and the analysis) write and read them; the tests are those docs/preregistration/relay.md fixes
 ("Analysis": they were in scripts/relay.py at 6a842dc, moved here unchanged): the exact sign test
-over items, the paired t-test over seeds, the two-level bootstrap CI, Holm's adjustment.
+over items, the paired t-test over seeds, the two-level bootstrap CI, Holm's adjustment. What is
+computed from them over conditions and seeds (contrasts, summaries, tables) is trainer/contrasts.py.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from harnesses.programs.majority_vote import majority
 from harnesses.verifiers.answers import extract_answer
+from rollout.models import resolve_model
 from rollout.trace import Trace
+from trainer.config import compose
+from trainer.metrics import write_atomic
 
 # ---- items and their files ------------------------------------------------------------------
 
@@ -47,6 +52,29 @@ def item(trace: Trace, decode: Callable[[list[int]], str] | None) -> dict:
     return rec
 
 
+def records(traces: list[Trace], decode: Callable[[list[int]], str] | None) -> list[dict]:
+    """item() of each trace, in task order. A majority vote's answer is the voted one and its
+    samples' answers are kept (item() reads the last sample)."""
+    recs = []
+    for t in traces:
+        rec = item(t, decode)
+        if "votes" in t.info:  # harnesses/programs/majority_vote.py
+            answers = t.info["answers"]
+            rec.update(answer=answers[majority(answers)], answers=answers, votes=t.info["votes"])
+        recs.append(rec)
+    return sorted(recs, key=item_number)
+
+
+def decoder(overrides: list[str]) -> Callable[[list[int]], str]:
+    """The token decoder (ids -> text) of the composed run's first trained policy."""
+    from tokenizers import Tokenizer
+
+    cfg = compose("train", overrides)
+    model = cfg.policy_model(cfg.trainable_policies()[0])
+    tok = Tokenizer.from_file(str(Path(resolve_model(model.name, model.path)) / "tokenizer.json"))
+    return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+
 def item_number(rec: dict) -> int:
     """The task's number in its id (the sort key of a file's items)."""
     return int(rec["id"].rsplit("/", 1)[1])  # "story_sum/eval/17"
@@ -62,6 +90,21 @@ def read_items(path: Path) -> list[dict]:
     """The items of a file written by write_items."""
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f]
+
+
+def write_condition(folder: Path, name: str, recs: list[dict], meta: dict) -> None:
+    """One evaluated condition: <name>.items.jsonl.gz, then <name>.meta.json (what it ran at, what
+    it took): a meta file means the items are whole."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_items(folder / f"{name}.items.jsonl.gz", recs)
+    write_atomic(folder / f"{name}.meta.json", json.dumps(meta, indent=2, allow_nan=False))
+
+
+def read_condition(folder: Path, name: str) -> tuple[list[dict], dict] | None:
+    """(items, meta) of a condition written by write_condition; None before its meta file is."""
+    if not (folder / f"{name}.meta.json").exists():
+        return None
+    return read_items(folder / f"{name}.items.jsonl.gz"), json.loads((folder / f"{name}.meta.json").read_text())
 
 
 def head_commit(root: Path) -> str:

@@ -2,8 +2,8 @@
 on per-item files made up here in the committed format: a known effect is found, the success
 rule's edge, Holm over the three contrasts, the positive control, a dropped seed, a pending
 verdict; the failure rule, the vote's k_s and the command line. The statistics themselves are
-tested in tests/trainer/test_results.py; the whole pipeline runs on the tiny model in
-tests/scripts/test_relay_runs_quick.py.
+tested in tests/trainer/test_results.py, the contrasts and tables in tests/trainer/test_contrasts.py;
+the whole pipeline runs on the tiny model in tests/scripts/test_relay_runs_quick.py.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from rollout.trace import Sequence, Trace
 from scripts import relay_runs
-from scripts.relay_runs import analyze, markdown, mean_ci, roles
-from trainer.results import holm, paired_t
+from scripts.relay_runs import analyze, markdown, roles
+from trainer.jobs import eval_steps
+from trainer.results import holm, paired_t, write_condition
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +51,7 @@ def write_run(results, arm: str, seed: int, final: list[dict], state: str = "fin
     for step, recs in ((0, items(A_RIGHT[seed - 1], arm != "single_agent")), (30, final)):
         meta = {"commit": "c", "overrides": [f"experiment=relay_{arm}"], "step": step, "steps": 30}
         meta |= {"wall_s": 60.0 * step, "generated_tokens": 900 * step, "trained_tokens": 800 * step}
-        relay_runs.write_condition(folder, f"step_{step}", recs, meta)
+        write_condition(folder, f"step_{step}", recs, meta)
     (folder / "status.json").write_text(json.dumps({"state": state, "wall_s": 1800.0, "attempts": []}))
 
 
@@ -81,7 +81,7 @@ def experiment(
         }
         for name, recs in controls.items():
             if (s, name) not in leave_out:
-                relay_runs.write_condition(
+                write_condition(
                     results / "controls" / f"seed{s}",
                     name,
                     recs,
@@ -187,14 +187,13 @@ def test_the_verdict_is_pending_until_every_seed_is_in(tmp_path):
     )
 
 
-def test_role_accuracies_and_the_two_level_ci_of_a_mean():
+def test_role_accuracies_per_seed_their_mean_and_ci():
     by_seed = {1: items(30, True, 0.5), 2: items(50, True, 0.5)}
     r = roles(by_seed)
     assert r["reader"]["per_seed"] == {"1": 0.3, "2": 0.5} and r["reader"]["mean"] == 0.4
     assert r["calculator"]["calls"] == 200 and 0.5 <= r["calculator"]["mean"] <= 0.8
     lo, hi = r["reader"]["ci"]
     assert 0.2 < lo < 0.4 < hi < 0.6
-    assert mean_ci([[1.0] * 5, [1.0] * 9]) == [1.0, 1.0] and mean_ci([[], []]) is None
     assert roles({1: items(3)}) == {}  # a single agent has no roles
 
 
@@ -218,14 +217,6 @@ def test_the_votes_k_is_the_token_ratio_rounded_half_up_and_at_least_one():
     assert relay_runs.vote_k(tok(3), tok(30)) == (1, 3, 30)
     with pytest.raises(ValueError, match="no tokens"):
         relay_runs.vote_k(tok(3), tok(0))
-
-
-def test_a_votes_record_holds_the_voted_answer_not_the_last_samples():
-    seq = Sequence([1, 2], [5, 6, 7], [0.0] * 3, "solver", "main", 0)
-    info = {"task": "story_sum/eval/4", "answers": ["7", "8", "8"], "votes": 2, "answer": "8"}
-    trace = Trace("t", "g", [seq] * 3, 1.0, info=info)
-    [r] = relay_runs.records([trace], decode=lambda ids: "<answer>7</answer>")
-    assert (r["answer"], r["votes"], r["answers"], r["tokens"]) == ("8", 2, ["7", "8", "8"], 9)
 
 
 def test_the_command_line_needs_each_arms_lr_and_keeps_quick_numbers_out_of_the_results(tmp_path, capsys):
@@ -254,8 +245,8 @@ def test_a_run_of_other_settings_is_refused_before_anything_runs(tmp_path):
 
 def test_each_arm_evaluates_at_steps_0_10_20_30_and_quick_after_each_step():
     for arm in relay_runs.ARMS.values():
-        assert relay_runs.eval_steps([f"experiment=relay_{arm}"]) == [0, 10, 20, 30]
-    assert relay_runs.eval_steps(["experiment=relay_team_lora", *relay_runs.QUICK]) == [0, 1, 2]
+        assert eval_steps([f"experiment=relay_{arm}"]) == [0, 10, 20, 30]
+    assert eval_steps(["experiment=relay_team_lora", *relay_runs.QUICK]) == [0, 1, 2]
 
 
 def test_analyze_writes_the_json_and_the_table_and_ends_on_a_json_line(tmp_path, capsys):

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.relay_runs import ARMS, CONTROLS, QUICK, ROOT, Run, acc, vote_k
+from scripts.relay_runs import ARMS, CONTROLS, QUICK, ROOT, Run, vote_k
 from tests import lane
+from trainer.contrasts import accuracy
 from trainer.results import read_items
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +52,7 @@ def check_run(arm: str) -> tuple[list[dict], dict]:
         assert meta["generated_tokens"] == sum(r["rollout/generated_tokens"] for r in trained)
         assert (meta["generated_tokens"] > 0) == (step > 0) and len(trained) == step
     # the files hold the run's own evaluations: the accuracies its summary gives
-    assert (acc(steps[0]), acc(steps[2])) == (summary["initial_eval_reward"], summary["final_eval_reward"])
+    assert (accuracy(steps[0]), accuracy(steps[2])) == (summary["initial_eval_reward"], summary["final_eval_reward"])
     return steps[2], status
 
 
@@ -85,7 +86,7 @@ def test_the_quick_pipeline_trains_each_arm_runs_each_control_and_analyzes_them(
     )
     c_a = analysis["primary"]["C_vs_A"]
     assert c_a["p"] is None and c_a["mean_points"] == round(
-        100 * (acc(finals["team_lora"]) - acc(finals["single_agent"])), 3
+        100 * (accuracy(finals["team_lora"]) - accuracy(finals["single_agent"])), 3
     )
     assert (OUT / "results" / "analysis.md").read_text().count("| team_lora | ") >= 3  # steps 0, 1, 2
     attempts = {arm: check_run(arm)[1]["attempts"] for arm in ARMS.values()}

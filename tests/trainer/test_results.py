@@ -1,5 +1,6 @@
 """Per-item evaluation results (trainer/results.py): an item's record of a relay team's and a single
-agent's trace, the items files (the same bytes each time), and the pre-registered statistics of
+agent's trace and of a majority vote, the items files (the same bytes each time) and a condition's
+items with its meta file, and the pre-registered statistics of
 docs/preregistration/relay.md (the t distribution's p against the tables, the paired t-test over
 seeds, Holm, the two-level bootstrap, the exact sign test) on numbers made up here.
 """
@@ -21,9 +22,12 @@ from trainer.results import (
     item_number,
     mean,
     paired_t,
+    read_condition,
     read_items,
+    records,
     sign_test,
     t_two_sided_p,
+    write_condition,
     write_items,
 )
 
@@ -72,6 +76,26 @@ def test_items_files_round_trip_in_the_same_bytes_and_sort_by_task_number(tmp_pa
     first = (tmp_path / "a.items.jsonl.gz").read_bytes()
     write_items(tmp_path / "a.items.jsonl.gz", recs)
     assert (tmp_path / "a.items.jsonl.gz").read_bytes() == first, "no timestamp in the gzip header"
+
+
+def test_a_votes_record_holds_the_voted_answer_not_the_last_samples_and_records_sort_by_task():
+    info = {"task": "story_sum/eval/4", "answers": ["7", "8", "8"], "votes": 2, "answer": "8"}
+    vote = Trace("t", "g", [seq("solver", 3)] * 3, 1.0, info=info)
+    other = Trace("u", "g", [seq("solver", 2)], 0.0, info={"task": "story_sum/eval/1"})
+    first, r = records([vote, other], decode=lambda ids: "<answer>7</answer>")
+    assert (r["answer"], r["votes"], r["answers"], r["tokens"]) == ("8", 2, ["7", "8", "8"], 9)
+    assert (first["id"], first["answer"], "votes" in first) == ("story_sum/eval/1", "7", False)
+
+
+def test_a_condition_is_its_items_and_its_meta_and_is_none_before_the_meta_is_written(tmp_path):
+    recs = [rec(i, 1.0) for i in range(3)]
+    write_condition(tmp_path / "seed1", "vote", recs, {"k": 3, "wall_s": 1.5})
+    assert read_condition(tmp_path / "seed1", "vote") == (recs, {"k": 3, "wall_s": 1.5})
+    assert sorted(p.name for p in (tmp_path / "seed1").iterdir()) == ["vote.items.jsonl.gz", "vote.meta.json"]
+    write_items(tmp_path / "seed1" / "swap.items.jsonl.gz", recs)  # items without their meta: not whole yet
+    assert read_condition(tmp_path / "seed1", "swap") is None
+    with pytest.raises(ValueError):
+        write_condition(tmp_path / "seed1", "bad", recs, {"wall_s": float("nan")})
 
 
 def test_head_commit_is_the_repositorys_checked_out_commit():

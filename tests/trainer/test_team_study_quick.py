@@ -25,9 +25,11 @@ pytestmark = pytest.mark.e2e
 
 OUT = Path(tempfile.gettempdir()) / f"tracerl-team-study-quick-{os.getpid()}"
 DEADLINE_S = 1200  # at nice 10 beside the suite (alone: ~4 min)
-# one arm per code path: team_shared, credit_global and selfplay_no_role_baseline are
-# credit_per_agent's and selfplay's runs with other advantage flags
-QUICK_ARMS = ("team_lora", "team_full", "single_agent", "credit_per_agent", "selfplay")
+# one arm per code path: team_shared and credit_global are credit_per_agent's run with other
+# advantage flags, selfplay is selfplay_no_role_baseline's (named as an arm: `selfplay` alone is
+# the question, both self-play arms)
+QUICK_ARMS = ("team_lora", "team_full", "single_agent", "credit_per_agent", "selfplay_no_role_baseline")
+SELFPLAY = QUICK_ARMS[-1]
 
 
 def lane_jobs() -> dict[str, tuple[list[str], float]]:
@@ -61,10 +63,10 @@ def test_every_arm_trains_and_reaches_the_table():
             assert rows[name]["vs_single"]["questions"] > 0 and "vs_vote" in rows[name], name
         for seat in ("player_a", "player_b"):  # both seats against the untrained model
             # (the tiny model's player_a may forfeit before b moves)
-            assert seat in rows["selfplay"] and "player_a" in rows["selfplay"][seat]["forfeits"], rows["selfplay"]
-        assert rows["selfplay"]["player_a"]["paired_roles"]["player_a"]["questions"] > 0, rows["selfplay"]
-        games = rows["selfplay"]["games"]  # the held-out games in short, before and after
-        assert games["before"]["games"] == games["after"]["games"] == rows["selfplay"]["paired"]["questions"], games
+            assert seat in rows[SELFPLAY] and "player_a" in rows[SELFPLAY][seat]["forfeits"], rows[SELFPLAY]
+        assert rows[SELFPLAY]["player_a"]["paired_roles"]["player_a"]["questions"] > 0, rows[SELFPLAY]
+        games = rows[SELFPLAY]["games"]  # the held-out games in short, before and after
+        assert games["before"]["games"] == games["after"]["games"] == rows[SELFPLAY]["paired"]["questions"], games
         assert 0 <= games["after"]["forfeits"] <= 1 and games["after"]["moves"] >= 1, games
         table = (OUT / "team_study.md").read_text()
         assert all((f"| {name} | 1 |" in table) == (name in QUICK_ARMS) for name in ARMS), table

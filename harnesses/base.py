@@ -263,8 +263,8 @@ class GatewaySession(Protocol):
     @property
     def reward(self) -> float | None: ...  # what the agent reported, if it did
 
-    def base_url(self, role: str) -> str: ...
-    def reward_url(self, role: str) -> str: ...
+    def base_url(self, role: str | None = None) -> str: ...  # None: the session's, where `model` names the role
+    def reward_url(self, role: str | None = None) -> str: ...
     def counts(self) -> dict[str, int]: ...  # calls by kind, for the trace's info
 
     def raise_failure(self) -> None:

@@ -19,9 +19,11 @@ the gateway must carry it. The agent's output is hostile input, and so is the
 agent: a command does not inherit the worker's environment (its secrets, RAY_*
 addresses). It gets only `ENV_ALLOWED` and `LC_*` from the worker, the names
 listed in `env` (an option: e.g. `env: [HF_HOME]`), and what the harness sets:
-`OPENAI_BASE_URL`, `OPENAI_API_KEY` and `TRACERL_BASE_URLS` (every role's URL
-as JSON). It dies with the worker (PR_SET_PDEATHSIG; its own children do only
-if they set it too, or when the group is killed).
+`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `TRACERL_BASE_URLS` (every role's URL
+as JSON) and `TRACERL_BASE_URL` (the session's one URL, where a request's
+`model` names its role: for multi-agent programs configured by model name).
+It dies with the worker (PR_SET_PDEATHSIG; its own children do only if they
+set it too, or when the group is killed).
 
 `role` (default: the only role) is the one whose URL the agent gets as its
 base URL. The reward is the task's verifier on the answer. With
@@ -83,6 +85,7 @@ async def openai_agent(
                     "OPENAI_BASE_URL": base_url,
                     "OPENAI_API_KEY": session.api_key,
                     "TRACERL_BASE_URLS": json.dumps({r: session.base_url(r) for r in agents}),
+                    "TRACERL_BASE_URL": session.base_url(),
                 }
                 if session.reward_key is not None:  # the session has one exactly when agent_reward is set
                     own |= {"TRACERL_REWARD_URL": session.reward_url(role), "TRACERL_REWARD_KEY": session.reward_key}

@@ -6,7 +6,14 @@ worker's `Gateway` and gives the agent a base URL per role,
 
     http://127.0.0.1:PORT/s/<session>/<role>/v1
 
-serving `POST .../chat/completions` (with `stream=true` too) and
+or one base URL for the whole session, where each request's `model` names
+its role (a multi-agent program configured with model names, as frameworks
+are, needs only this one URL; an unknown or missing model is a 404 naming
+the roles, and `GET .../models` lists them with their policies),
+
+    http://127.0.0.1:PORT/s/<session>/v1
+
+each serving `POST .../chat/completions` (with `stream=true` too) and
 `GET .../models`; `POST .../reward` (`{"reward": r}`) lets the agent report
 its own reward where the harness opened the session with `agent_reward`
 (with a key of its own, `Session.reward_key`; else a 403). Every completion
@@ -142,10 +149,11 @@ class Session:
     fresh: int = 0  # calls rendered from their messages
     tool_calls: int = 0
 
-    def base_url(self, role: str) -> str:
-        return f"{self.base}/{role}/v1"
+    def base_url(self, role: str | None = None) -> str:
+        """`role`'s own base URL; None: the session's, where each request's `model` names its role."""
+        return f"{self.base}/v1" if role is None else f"{self.base}/{role}/v1"
 
-    def reward_url(self, role: str) -> str:
+    def reward_url(self, role: str | None = None) -> str:
         return f"{self.base_url(role)}/reward"
 
     def counts(self) -> dict[str, int]:
@@ -294,6 +302,10 @@ class Gateway:
                 Route("/s/{session}/{role}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
                 Route("/s/{session}/{role}/v1/models", self._answering(self._models), methods=["GET"]),
                 Route("/s/{session}/{role}/v1/reward", self._answering(self._reward), methods=["POST"]),
+                # the session's one URL: the request's `model` names the role
+                Route("/s/{session}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
+                Route("/s/{session}/v1/models", self._answering(self._models), methods=["GET"]),
+                Route("/s/{session}/v1/reward", self._answering(self._reward), methods=["POST"]),
             ],
             exception_handlers={HTTPException: http_error},
         )
@@ -327,9 +339,9 @@ class Gateway:
         if session is not None and session.failure is None:
             session.failure = e
 
-    def _lookup(self, request, key: str = "api_key") -> tuple[Session, str]:
-        """The request's session and role, once it shows the session's `key` (its api_key, or for
-        the reward route its reward_key when it has one)."""
+    def _lookup(self, request, key: str = "api_key") -> tuple[Session, str | None]:
+        """The request's session and role (None on the session's own URL), once it shows the
+        session's `key` (its api_key, or for the reward route its reward_key when it has one)."""
         session = self.sessions.get(request.path_params["session"])
         if session is None:
             raise RequestError("unknown session: this URL's harness run has ended (or never began)", status=404)
@@ -349,11 +361,32 @@ class Gateway:
         return session, role
 
     async def _models(self, request):
+        """A role's URL: its policy. The session's URL: its roles, the names its requests' `model` takes."""
         from starlette.responses import JSONResponse
 
         session, role = self._lookup(request)
-        policy = session.roles[role].agent.policy
-        return JSONResponse({"object": "list", "data": [{"id": policy, "object": "model", "owned_by": "tracerl"}]})
+        if role is not None:
+            policy = session.roles[role].agent.policy
+            return JSONResponse({"object": "list", "data": [{"id": policy, "object": "model", "owned_by": "tracerl"}]})
+        data = [
+            {"id": r, "object": "model", "owned_by": "tracerl", "policy": slot.agent.policy}
+            for r, slot in session.roles.items()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @staticmethod
+    def _role_of(session: Session, model) -> str:
+        """The role a request to the session's own URL names as its `model`; else a 404 naming the roles."""
+        if isinstance(model, str) and model in session.roles:
+            return model
+        shown = repr(model[:80]) if isinstance(model, str) else "none"
+        raise RequestError(
+            f"model {shown} is not a role of this run: on the session's URL a request's model names its role, "
+            f"one of {sorted(session.roles)} (GET /v1/models lists them)",
+            "model",
+            status=404,
+            code="model_not_found",
+        )
 
     async def _reward(self, request):
         """The agent's reward, if this run takes one (else a 403); one the gateway refuses (a 400 or
@@ -402,7 +435,10 @@ class Gateway:
         session.in_flight += 1
         try:
             body = await _json(request, self.limits)
-            result = await _unless_disconnected(request, self.complete(session, role, body))
+            model = None  # a role's URL answers as its policy, the session's as the role asked for
+            if role is None:
+                role = model = self._role_of(session, body.get("model"))
+            result = await _unless_disconnected(request, self.complete(session, role, body, model))
         finally:
             session.in_flight -= 1
         if result is None:  # the client left: its generations were aborted, nothing was recorded
@@ -413,9 +449,10 @@ class Gateway:
 
     # ---- completions ---------------------------------------------------------------------
 
-    async def complete(self, session: Session, role: str, body: dict) -> dict:
+    async def complete(self, session: Session, role: str, body: dict, model: str | None = None) -> dict:
         """One chat completion request of `role` in `session`: its prompt ids (continued or fresh),
-        one Agent call per choice, the OpenAI response body."""
+        one Agent call per choice, the OpenAI response body (its `model`: `model`, else the role's
+        policy)."""
         sampling = sampling_args(body)
         n = sampling.pop("n")
         tools = request_tools(body)
@@ -457,7 +494,7 @@ class Gateway:
             "id": f"chatcmpl-{session.id}-{len(slot.calls)}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": slot.agent.policy,
+            "model": model or slot.agent.policy,
             "choices": choices,
             "usage": {
                 "prompt_tokens": len(prompt) * n,

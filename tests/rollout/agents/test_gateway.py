@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from openai import APITimeoutError, AsyncOpenAI, BadRequestError
+from openai import APITimeoutError, AsyncOpenAI, BadRequestError, NotFoundError
 
 from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.agents.gateway import Gateway
@@ -31,11 +31,11 @@ class Question:  # what an agent function is given: a task with a prompt
 @pytest.fixture(scope="module")
 def gateway_run(engine, tiny_tokenizer):
     """`gateway_run(fn, traces=1, temperature=1.0, max_tokens=12, max_model_len=None, backend=None,
-    fmt=None, limits=None, agent_reward=False, **sampling)`: opens a session per trace (with
-    `agent_reward`) on a gateway with `limits` over the shared engine (or `backend`; role "solver",
-    the tiny model's chat format or `fmt`) and runs `fn(session, client, k)` for each at once, in
-    this process's event loop with the gateway in it (the client has the session's key).
-    Returns [(recorder, session, result)]."""
+    fmt=None, limits=None, agent_reward=False, roles=("solver",), **sampling)`: opens a session per
+    trace (with `agent_reward`) on a gateway with `limits` over the shared engine (or `backend`;
+    an agent of policy "main" per role, the tiny model's chat format or `fmt`) and runs
+    `fn(session, client, k)` for each at once, in this process's event loop with the gateway in it
+    (the client has the session's key and the first role's URL). Returns [(recorder, session, result)]."""
     tiny_format = ChatFormat(tiny_tokenizer)
 
     def run(
@@ -48,6 +48,7 @@ def gateway_run(engine, tiny_tokenizer):
         fmt=None,
         limits=None,
         agent_reward=False,
+        roles=("solver",),
         **sampling,
     ):
         async def main():
@@ -57,18 +58,21 @@ def gateway_run(engine, tiny_tokenizer):
 
                 async def one(k):
                     rec = TraceRecorder(f"gw-{k}")
-                    agent = Agent(
-                        "solver",
-                        "main",
-                        backend or Router([engine]),
-                        fmt or tiny_format,
-                        rec,
-                        SamplingConfig(temperature=temperature, max_tokens=max_tokens, **sampling),
-                        seed=3,
-                        max_model_len=max_model_len,
-                    )
-                    with gateway.session({"solver": agent}, agent_reward=agent_reward) as s:
-                        async with AsyncOpenAI(base_url=s.base_url("solver"), api_key=s.api_key, max_retries=0) as c:
+                    agents = {
+                        role: Agent(
+                            role,
+                            "main",
+                            backend or Router([engine]),
+                            fmt or tiny_format,
+                            rec,
+                            SamplingConfig(temperature=temperature, max_tokens=max_tokens, **sampling),
+                            seed=3,
+                            max_model_len=max_model_len,
+                        )
+                        for role in roles
+                    }
+                    with gateway.session(agents, agent_reward=agent_reward) as s:
+                        async with AsyncOpenAI(base_url=s.base_url(roles[0]), api_key=s.api_key, max_retries=0) as c:
                             result = await fn(s, c, k)
                     return rec, s, result
 
@@ -109,6 +113,43 @@ def test_example_agent_every_call_is_a_sequence_and_later_turns_extend_exactly(g
     trace = Trace("t", "g", seqs, reward=1.0)
     [row] = build_rows([trace], [[1.0] * len(seqs)], token_weights([trace], "token"))
     assert row.input_ids == seqs[-1].prompt_ids + seqs[-1].completion_ids
+
+
+@pytest.mark.integration
+def test_the_sessions_one_url_takes_each_requests_role_from_its_model(gateway_run):
+    """Roles by model name: on the session's URL `model` names the role (its calls are that role's
+    sequences, and a role's history extends token-exact there too); `models` lists the roles with
+    their policies; an unknown or missing model is a 404 naming the roles, and runs nothing."""
+    import httpx
+
+    ask = [{"role": "user", "content": "Say one word."}]
+
+    async def fn(session, client, k):
+        url = session.base_url()
+        async with AsyncOpenAI(base_url=url, api_key=session.api_key, max_retries=0) as one:
+            models = [(m.id, m.model_extra["policy"]) for m in (await one.models.list()).data]
+            first = await one.chat.completions.create(model="verifier", messages=ask)
+            again = ask + [{"role": "assistant", "content": first.choices[0].message.content}]
+            again.append({"role": "user", "content": "Another."})
+            second = await one.chat.completions.create(model="verifier", messages=again)
+            solver = await one.chat.completions.create(model="solver", messages=ask)
+            with pytest.raises(NotFoundError) as unknown:
+                await one.chat.completions.create(model="judge", messages=ask)
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {session.api_key}"}) as http:
+            missing = await http.post(f"{url}/chat/completions", json={"messages": ask})
+        return models, [first.model, second.model, solver.model], unknown.value, missing
+
+    roles = ("solver", "verifier")
+    [(rec, session, (models, answered_as, unknown, missing))] = gateway_run(fn, roles=roles)
+    assert session.base_url() == session.base + "/v1" and session.base_url("solver") == session.base + "/solver/v1"
+    assert models == [("solver", "main"), ("verifier", "main")]
+    assert answered_as == ["verifier", "verifier", "solver"]
+    assert [s.agent for s in rec.sequences] == ["verifier", "verifier", "solver"]
+    assert_extends(rec.sequences[0], rec.sequences[1])
+    assert session.extended == 1 and session.fresh == 2
+    assert unknown.status_code == 404 and unknown.body["code"] == "model_not_found"
+    assert "model 'judge' is not a role of this run" in unknown.message and "['solver', 'verifier']" in unknown.message
+    assert missing.status_code == 404 and "model none is not a role" in missing.json()["error"]["message"]
 
 
 async def three_turns(session, client, k, rewrite=False):

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.contrasts import accuracy
+from trainer.contrasts import accuracy, table
 from trainer.results import mean, read_items, sign_test
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,10 +41,6 @@ def paired(before: list[dict], after: list[dict]) -> str:
     """`better / worse, p = ...` of the same items from `before` to `after`."""
     s = sign_test(before, after)
     return f"{s['better']} / {s['worse']}, p = {fmt_p(s['p'])}"
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def relay_pilot(results: Path) -> list[str]:

@@ -13,7 +13,8 @@ the roles, and `GET .../models` lists them with their policies),
 
     http://127.0.0.1:PORT/s/<session>/v1
 
-each serving `POST .../chat/completions` (with `stream=true` too) and
+each serving `POST .../chat/completions` (with `stream=true` too),
+`POST .../responses` (the Responses API, rollout/agents/responses.py) and
 `GET .../models`; `POST .../reward` (`{"reward": r}`) lets the agent report
 its own reward where the harness opened the session with `agent_reward`
 (with a key of its own, `Session.reward_key`; else a 403). Every completion
@@ -93,6 +94,7 @@ from rollout.agents.messages import (
     sse_events,
 )
 from rollout.agents.prompts import Call, prompt_ids, too_long
+from rollout.agents.responses import chat_request, response_events, response_object
 from rollout.agents.tool_calls import parse_tool_calls
 from rollout.engine.engine import EngineError
 
@@ -145,6 +147,9 @@ class Session:
     reward: float | None = None
     failure: Exception | None = None  # the first engine failure (EngineError), refused reward or gateway bug
     in_flight: int = 0  # chat requests being answered now
+    # response id -> (its role, its conversation in the chat request's form, the reply last): what
+    # a Responses request's previous_response_id continues
+    responses: dict[str, tuple[str, list[dict]]] = field(default_factory=dict)
     extended: int = 0  # calls whose prompt continued an earlier call's ids
     fresh: int = 0  # calls rendered from their messages
     tool_calls: int = 0
@@ -302,8 +307,10 @@ class Gateway:
                 Route("/s/{session}/{role}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
                 Route("/s/{session}/{role}/v1/models", self._answering(self._models), methods=["GET"]),
                 Route("/s/{session}/{role}/v1/reward", self._answering(self._reward), methods=["POST"]),
+                Route("/s/{session}/{role}/v1/responses", self._answering(self._responses), methods=["POST"]),
                 # the session's one URL: the request's `model` names the role
                 Route("/s/{session}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
+                Route("/s/{session}/v1/responses", self._answering(self._responses), methods=["POST"]),
                 Route("/s/{session}/v1/models", self._answering(self._models), methods=["GET"]),
                 Route("/s/{session}/v1/reward", self._answering(self._reward), methods=["POST"]),
             ],
@@ -425,7 +432,59 @@ class Gateway:
         from starlette.responses import JSONResponse, Response, StreamingResponse
 
         session, role = self._lookup(request)
-        if session.in_flight >= session.max_in_flight:  # before its body is read
+        with self._admitted(session):
+            body = await _json(request, self.limits)
+            model = None  # a role's URL answers as its policy, the session's as the role asked for
+            if role is None:
+                role = model = self._role_of(session, body.get("model"))
+            result = await _unless_disconnected(request, self.complete(session, role, body, model))
+        if result is None:  # the client left: its generations were aborted, nothing was recorded
+            return Response(status_code=499)
+        if body.get("stream"):
+            return StreamingResponse(sse_events(result, body), media_type="text/event-stream")
+        return JSONResponse(result)
+
+    async def _responses(self, request):
+        """The Responses API as a chat completion (rollout/agents/responses.py); the response's
+        conversation is kept for a later request's previous_response_id."""
+        from starlette.responses import JSONResponse, Response, StreamingResponse
+
+        session, role = self._lookup(request)
+        with self._admitted(session):
+            body = await _json(request, self.limits)
+            model = None
+            if role is None:
+                role = model = self._role_of(session, body.get("model"))
+            chat = chat_request(body, self._history(session, role, body.get("previous_response_id")))
+            result = await _unless_disconnected(request, self.complete(session, role, chat, model))
+        if result is None:
+            return Response(status_code=499)
+        response_id = f"resp_{session.id}_{len(session.responses)}"
+        reply = result["choices"][0]["message"]
+        session.responses[response_id] = (role, chat["messages"] + [{**reply, "content": reply["content"] or ""}])
+        response = response_object(result, body, response_id)
+        if body.get("stream"):
+            return StreamingResponse(response_events(response), media_type="text/event-stream")
+        return JSONResponse(response)
+
+    @staticmethod
+    def _history(session: Session, role: str, previous) -> list[dict] | None:
+        """The conversation `previous` (a response id of this session and role) ended with; None for none."""
+        if previous is None:
+            return None
+        kept = session.responses.get(previous) if isinstance(previous, str) else None
+        if kept is None or kept[0] != role:
+            raise RequestError(
+                f"previous_response_id {str(previous)[:80]!r} is not a response of role {role!r} in this run",
+                "previous_response_id",
+                status=404,
+            )
+        return kept[1]
+
+    @contextlib.contextmanager
+    def _admitted(self, session: Session):
+        """A request of `session` in flight, refused (429) past its limit before its body is read."""
+        if session.in_flight >= session.max_in_flight:
             raise RequestError(
                 f"this session already has {session.max_in_flight} requests in flight, the gateway's limit "
                 f"(GatewayLimits.max_in_flight); wait for one to finish",
@@ -434,18 +493,9 @@ class Gateway:
             )
         session.in_flight += 1
         try:
-            body = await _json(request, self.limits)
-            model = None  # a role's URL answers as its policy, the session's as the role asked for
-            if role is None:
-                role = model = self._role_of(session, body.get("model"))
-            result = await _unless_disconnected(request, self.complete(session, role, body, model))
+            yield
         finally:
             session.in_flight -= 1
-        if result is None:  # the client left: its generations were aborted, nothing was recorded
-            return Response(status_code=499)
-        if body.get("stream"):
-            return StreamingResponse(sse_events(result, body), media_type="text/event-stream")
-        return JSONResponse(result)
 
     # ---- completions ---------------------------------------------------------------------
 

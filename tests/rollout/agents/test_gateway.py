@@ -152,6 +152,41 @@ def test_the_sessions_one_url_takes_each_requests_role_from_its_model(gateway_ru
     assert missing.status_code == 404 and "model none is not a role" in missing.json()["error"]["message"]
 
 
+@pytest.mark.integration
+def test_the_responses_api_records_each_call_and_continues_token_exact(gateway_run, tiny_tokenizer):
+    """POST /v1/responses through the `openai` SDK on the session's one URL: a response's text is
+    the recorded call's; a request with previous_response_id, and one resending the whole
+    conversation (the output items as input, as the Agents SDK does), each extend the earlier
+    call's ids; the stream ends in the same kind of Response; an unknown previous response is a 404."""
+
+    async def fn(session, client, k):
+        async with AsyncOpenAI(base_url=session.base_url(), api_key=session.api_key, max_retries=0) as one:
+            first = await one.responses.create(model="solver", instructions="Be brief.", input="Count to three.")
+            follow = await one.responses.create(
+                model="solver", instructions="Be brief.", input="And again?", previous_response_id=first.id
+            )
+            resent = [{"role": "user", "content": "Count to three."}, *(o.model_dump() for o in first.output)]
+            resent.append({"role": "user", "content": "Once more?"})
+            full = await one.responses.create(model="solver", instructions="Be brief.", input=resent)
+            stream = await one.responses.create(model="solver", input="Say one word.", stream=True)
+            kinds = [event.type async for event in stream]
+            with pytest.raises(NotFoundError) as unknown:
+                await one.responses.create(model="solver", input="Hi", previous_response_id="resp_nope")
+        return first, follow, full, kinds, unknown.value
+
+    [(rec, session, (first, follow, full, kinds, unknown))] = gateway_run(fn, roles=("solver",))
+    seqs = rec.sequences
+    assert len(seqs) == 4 and [s.agent for s in seqs] == ["solver"] * 4
+    assert first.output_text == ChatFormat(tiny_tokenizer).decode(seqs[0].completion_ids)
+    assert first.status in ("completed", "incomplete") and first.model == "solver"
+    assert_extends(seqs[0], seqs[1])  # previous_response_id
+    assert_extends(seqs[0], seqs[2])  # the whole conversation resent
+    assert seqs[1].parent == seqs[2].parent == 0 and seqs[3].parent is None
+    assert session.extended == 2 and session.fresh == 2
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+    assert unknown.status_code == 404 and "previous_response_id 'resp_nope'" in unknown.message
+
+
 async def three_turns(session, client, k, rewrite=False):
     """A plain SDK agent: three user turns, each reply appended as returned (or, with `rewrite`,
     the first reply edited before the third turn)."""

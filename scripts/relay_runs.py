@@ -100,12 +100,13 @@ CONTROLS = {
     "oracle": ("team_lora", ["experiment=relay_team_lora", "harness.options.oracle_calculator=true"]),
 }
 CONTROL_META = ("wall_s", "k", "k_rule", "tokens_team_lora", "tokens_single_agent", "source")  # reported per control
-# --quick: the tiny model, 2 steps of 2 groups of 4 with an evaluation after each, 8 stories
+# --quick: the tiny model, 2 steps of 2 groups of 4 with an evaluation and a checkpoint after each, 8 stories
 QUICK = [
     "model=tiny",
     "logger=disabled",
     "trainer.steps=2",
     "trainer.eval_every=1",
+    "trainer.save_every=1",
     "trainer.groups_per_step=2",
     "rollout.group_size=4",
     "eval.size=8",
@@ -343,7 +344,18 @@ class Controls:
                 except RuntimeError as e:
                     done[name] = f"FAILED: {e}"
                     log(f"seed {self.seed} {name}: FAILED: {e}")
+        if all(what in ("kept", "done") for what in done.values()):
+            self.prune(runs.values())
         return done
+
+    @staticmethod
+    def prune(runs) -> None:
+        """Once every control of the seed is evaluated, each run keeps only its last checkpoint (the
+        weights the controls read): 8 seeds' full checkpoints would not fit this box's disk."""
+        for run in runs:
+            if (newest := checkpoint.latest(run.dir)) is not None:
+                for old in checkpoint.prune(run.dir, 1, checkpoint.step_of(newest)):
+                    log(f"{run.label}: deleted {rel(old)} (every control evaluated; {newest.name} kept)")
 
     def vote(self, overrides: list[str]) -> None:
         single, lora = self.run("single_agent"), self.run("team_lora")

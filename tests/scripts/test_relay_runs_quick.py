@@ -19,6 +19,7 @@ import pytest
 
 from scripts.relay_runs import ARMS, CONTROLS, QUICK, ROOT, Run, vote_k
 from tests import lane
+from trainer import checkpoint
 from trainer.contrasts import accuracy
 from trainer.results import read_items
 
@@ -61,6 +62,9 @@ def test_the_quick_pipeline_trains_each_arm_runs_each_control_and_analyzes_them(
     assert summary["error"] is None and summary["runs"] == {f"{a}/seed1": "finished" for a in ARMS.values()}
     assert summary["controls"] == {f"{c}/seed1": "done" for c in CONTROLS}, summary
     finals = {arm: check_run(arm)[0] for arm in ARMS.values()}
+    for arm in ARMS.values():  # every control evaluated: each run keeps its last checkpoint only
+        run_dir = Run(arm, 1, OUT / "runs", OUT / "results", quick=True).dir
+        assert [d.name for d in checkpoint.complete(run_dir)] == ["step_000002"], arm
     assert all(r["tokens"] <= 48 for r in finals["single_agent"]) and "expression" in finals["team_lora"][0]
     controls = OUT / "results" / "controls" / "seed1"
     items = {name: read_items(controls / f"{name}.items.jsonl.gz") for name in CONTROLS}

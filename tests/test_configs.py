@@ -46,7 +46,9 @@ def test_every_option_composes_and_validates(entry, group, option):
         with pytest.raises(ValueError, match=f"model: path='{cfg.model.path}' is not an HF model folder"):
             validate(cfg)
         return
-    if cfg.harness.name == "openai_agent" and not cfg.harness.options.get("command"):  # the agent is the user's to name
+    openai_agent = cfg.harness._target_ == "harnesses.programs.openai_agent.openai_agent"  # its presets too
+    options = cfg.harness.options
+    if openai_agent and not options.get("command") and not options.get("agent"):  # the user's to name
         with pytest.raises(ValueError, match="harness.options: set exactly one of agent"):
             validate(cfg)
         return

@@ -26,7 +26,9 @@ It dies with the worker (PR_SET_PDEATHSIG; its own children do only if they
 set it too, or when the group is killed).
 
 `role` (default: the only role) is the one whose URL the agent gets as its
-base URL. The reward is the task's verifier on the answer. With
+base URL; with `url: session` the agent gets the session's one URL instead,
+where each request's `model` names its role (a multi-agent program written
+with a framework that picks agents' models by name). The reward is the task's verifier on the answer. With
 `agent_reward: true` the agent may report it instead: POST `{"reward": r}` to
 `<base URL>/reward` with the session's reward key, a key of its own (the
 chat key gets a 401 there): a function agent gets it as `reward_key`, a
@@ -73,12 +75,14 @@ async def openai_agent(
     timeout_s: float = 300.0,
     env: list[str] | None = None,
     agent_reward: bool = False,
+    url: str = "role",
 ) -> HarnessResult:
-    role = _role(agents, role)
+    role = _role(agents, role) if url == "role" else role or next(iter(agents))
     gateway = await agents[role].gateway()  # the worker's endpoint, handed in with the agents
     # a dict, as Gateway.session takes: a harness gets its agents as a read-only Mapping
     with gateway.session(dict(agents), agent_reward=agent_reward) as session:
-        base_url = session.base_url(role)
+        own_url = role if url == "role" else None  # None: the session's URL
+        base_url = session.base_url(own_url)
         try:
             if command is not None:
                 own = {
@@ -88,7 +92,7 @@ async def openai_agent(
                     "TRACERL_BASE_URL": session.base_url(),
                 }
                 if session.reward_key is not None:  # the session has one exactly when agent_reward is set
-                    own |= {"TRACERL_REWARD_URL": session.reward_url(role), "TRACERL_REWARD_KEY": session.reward_key}
+                    own |= {"TRACERL_REWARD_URL": session.reward_url(own_url), "TRACERL_REWARD_KEY": session.reward_key}
                 answer = await run_command(command, task.prompt, agent_env(own, env or ()), timeout_s)
             else:
                 keys = {"reward_key": session.reward_key} if agent_reward else {}
@@ -168,6 +172,11 @@ def check_options(options: dict) -> None:
             raise ValueError("harness.options.command is empty")
     if not float(options.get("timeout_s", 300.0)) > 0:
         raise ValueError("harness.options.timeout_s must be > 0")
+    if options.get("url", "role") not in ("role", "session"):
+        raise ValueError(
+            f"harness.options.url={options['url']!r} must be role (the role's own URL) or session (one URL, "
+            f"each request's model naming its role)"
+        )
     if options.get("api_key") is not None:
         raise ValueError(
             "harness.options.api_key is gone: the gateway makes a key per episode and hands it to "

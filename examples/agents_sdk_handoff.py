@@ -1,0 +1,58 @@
+"""Two agents written with the OpenAI Agents SDK (`openai-agents`), as a program you already have
+would be: a solver with a calculator tool that may hand the question off to a checker. It runs
+on the SDK's default model API (the Responses API, streamed) against one OpenAI-compatible base
+URL where each agent's model name is its role. Nothing here knows about tracerl.
+
+A function `await agent(task, base_url, api_key)` (task.prompt is the question). Trained with
+tracerl (harnesses/programs/openai_agent.py, docs/openai_agents.md):
+
+    python scripts/train.py experiment=smollm2_agents_sdk   # conf/harness/agents_sdk.yaml
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+
+from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
+from openai import AsyncOpenAI
+
+OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+MAX_TURNS = 4
+
+
+def _value(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in OPS:
+        return OPS[type(node.op)](_value(node.left), _value(node.right))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_value(node.operand)
+    raise ValueError("only numbers, + - * / and parentheses")
+
+
+@function_tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression with + - * / and parentheses."""
+    try:
+        return str(_value(ast.parse(expression[:200], mode="eval").body))
+    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as e:
+        return f"error: {e}"
+
+
+async def agent(task, base_url: str, api_key: str) -> str:
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    checker = Agent(
+        name="checker",
+        instructions="Check the proposed answer and give the final one in <answer></answer> tags.",
+        model=OpenAIResponsesModel("checker", client),
+    )
+    solver = Agent(
+        name="solver",
+        instructions="Solve the problem. Use the calculator for arithmetic, or hand off to the checker.",
+        model=OpenAIResponsesModel("solver", client),
+        tools=[calculator],
+        handoffs=[checker],
+    )
+    result = await Runner.run(solver, task.prompt, max_turns=MAX_TURNS, run_config=RunConfig(tracing_disabled=True))
+    return str(result.final_output)

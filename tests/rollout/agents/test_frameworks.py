@@ -1,0 +1,35 @@
+"""Agent frameworks' programs, unmodified, trained through the gateway (issue 43): each framework's
+example in examples/ run by the openai_agent harness in this process against the shared engine
+(tiny model, its real tokenizer and chat template). The tiny model writes no tool call and no
+handoff, so these show that every request a framework sends is taken and recorded under the role
+its model names; a framework's tool and handoff paths need a model that calls them."""
+
+import pytest
+
+
+@pytest.mark.integration
+def test_an_agents_sdk_program_runs_unmodified_on_the_session_url(run_harness):
+    """examples/agents_sdk_handoff.py (openai-agents 0.24: the Responses API, streamed; a function
+    tool; a handoff) with harness.options.url=session: the run ends with the SDK's final output
+    scored by the task; every call is a trainable sequence of the role the SDK's model names."""
+    from examples.agents_sdk_handoff import MAX_TURNS
+
+    task, seqs, result = run_harness(
+        "harnesses.programs.openai_agent.openai_agent",
+        ["solver", "checker"],
+        max_tokens=1300,
+        agent="examples.agents_sdk_handoff.agent",
+        url="session",
+    )
+    assert 1 <= len(seqs) <= MAX_TURNS and seqs[0].agent == "solver", [(s.agent, len(s.completion_ids)) for s in seqs]
+    assert all(s.agent in ("solver", "checker") and s.policy == "main" and s.trainable for s in seqs)
+    assert result.info["gateway_fresh"] + result.info["gateway_extended"] == len(seqs)
+    assert result.info["reward_from"] == "verifier" and result.reward in (0.0, 1.0)
+
+
+@pytest.mark.unit
+def test_the_session_url_option_is_checked_at_start():
+    from harnesses.programs.openai_agent import check_options
+
+    with pytest.raises(ValueError, match="harness.options.url='roles' must be role"):
+        check_options({"agent": "examples.agents_sdk_handoff.agent", "url": "roles"})

@@ -128,6 +128,12 @@ def rollout_split(before: list[dict], after: list[dict], window_s: float) -> dic
     }
 
 
+def sign_test_p(better: int, worse: int) -> float:
+    """The exact two-sided binomial p of a better / worse split (ties dropped): the sign test."""
+    n, k = better + worse, min(better, worse)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+
+
 def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, float]:
     """How the same held-out questions moved between two evals: questions that got better /
     worse, and the two-sided sign-test p-value of that split (ties dropped) — the noise check
@@ -153,8 +159,7 @@ def paired_comparison(before: list[Trace], after: list[Trace]) -> dict[str, floa
     common = sorted(both - b_failed - a_failed)
     better = sum(a[q] > b[q] for q in common)
     worse = sum(a[q] < b[q] for q in common)
-    n, k = better + worse, min(better, worse)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    p = sign_test_p(better, worse)
     return {
         "questions": len(common),
         "left_out_failed": len(both) - len(common),

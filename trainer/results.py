@@ -24,7 +24,7 @@ from harnesses.verifiers.answers import extract_answer
 from rollout.models import resolve_model
 from rollout.trace import Trace
 from trainer.config import compose
-from trainer.metrics import write_atomic
+from trainer.metrics import sign_test_p, write_atomic
 
 # ---- items and their files ------------------------------------------------------------------
 
@@ -127,9 +127,7 @@ def sign_test(before: list[dict], after: list[dict]) -> dict:
     assert [r["id"] for r in before] == [r["id"] for r in after], "the conditions must hold the same items"
     better = sum(a["reward"] > b["reward"] for b, a in zip(before, after))
     worse = sum(a["reward"] < b["reward"] for b, a in zip(before, after))
-    n, k = better + worse, min(better, worse)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
-    return {"better": better, "worse": worse, "p": p}
+    return {"better": better, "worse": worse, "p": sign_test_p(better, worse)}
 
 
 def _betacf(a: float, b: float, x: float) -> float:

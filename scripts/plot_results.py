@@ -4,8 +4,10 @@
     python scripts/plot_results.py --add runs/smollm2_solver_verifier make_train_2026-12-03
 
 `--add RUN_DIR NAME` publishes a finished run: its metrics.jsonl trimmed to the keys plotted
-(KEYS, a few kB) and the headline numbers of its summary.json go to docs/results/NAME/, then
-every run's figure is drawn again. A figure has three panels: the sampled training reward per step
+(KEYS, a few kB), the headline numbers of its summary.json, and each held-out evaluation's items
+(`step_<N>.items.jsonl.gz` and `.meta.json`, which scripts/results_check.py recomputes the page's
+numbers from) go to docs/results/NAME/, with `--command` (what was run) in run.json; then every
+run's figure is drawn again. A figure has three panels: the sampled training reward per step
 with the held-out (greedy) eval reward at the steps it was measured; where each step's seconds
 went (rollout wait, train, weight sync); the engine-vs-learner mismatch KL of each trained policy.
 """
@@ -49,8 +51,11 @@ def trim(row: dict) -> dict:
     }
 
 
-def add_run(run_dir: Path, name: str) -> Path:
-    """Copy a finished run's trimmed metrics and headline summary into docs/results/<name>/."""
+def add_run(run_dir: Path, name: str, command: str | None = None) -> Path:
+    """Copy a finished run's trimmed metrics, headline summary and per-item evaluations into
+    docs/results/<name>/."""
+    from trainer.results import publish_evals
+
     summary = json.loads((run_dir / "summary.json").read_text())
     out = RESULTS / name
     out.mkdir(parents=True, exist_ok=True)
@@ -59,6 +64,10 @@ def add_run(run_dir: Path, name: str) -> Path:
     (out / "summary.json").write_text(
         json.dumps({k: summary[k] for k in SUMMARY_KEYS if k in summary}, indent=2) + "\n"
     )
+    steps = publish_evals(run_dir, out)
+    if len(steps) < 2:
+        raise SystemExit(f"{run_dir}/eval holds {len(steps)} evaluation(s): a published run needs its first and last")
+    (out / "run.json").write_text(json.dumps({"command": command, "eval_steps": steps}, indent=2) + "\n")
     return out
 
 
@@ -83,7 +92,8 @@ def plot(run: Path) -> Path:
 
     ax_r.plot(x, [r["rollout/reward"] for r in steps], marker=".", label="training reward (sampled)")
     evals = [r for r in rows if "eval/reward" in r]
-    ax_r.plot([r["step"] for r in evals], [r["eval/reward"] for r in evals], "o--", label="held-out eval (greedy)")
+    # the evaluations as points, unjoined: a line between two evaluations would draw a trend nobody measured
+    ax_r.plot([r["step"] for r in evals], [r["eval/reward"] for r in evals], "o", label="held-out eval (greedy)")
     ax_r.set(xlabel="step", ylabel="reward", ylim=(0, 1), title="reward")
     ax_r.legend(loc="upper left", fontsize=8)
 
@@ -112,10 +122,11 @@ def plot(run: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--add", nargs=2, metavar=("RUN_DIR", "NAME"), help="publish a finished run first")
+    parser.add_argument("--command", help="with --add: the command the run was made with (shown on the page)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the folder of published runs")
     args = parser.parse_args()
     if args.add:
-        print(f"added {add_run(Path(args.add[0]), args.add[1])}")
+        print(f"added {add_run(Path(args.add[0]), args.add[1], args.command)}")
     runs = sorted(p.parent for p in args.results.glob("*/metrics.jsonl"))
     if not runs:
         raise SystemExit(f"no published runs under {args.results} (*/metrics.jsonl)")

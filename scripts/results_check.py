@@ -154,10 +154,37 @@ def relay_controls(results: Path) -> list[str]:
     return table(header, rows)
 
 
+def runs(results: Path) -> list[str]:
+    """The published training runs (docs/results/<name>/run.json, written by scripts/plot_results.py
+    --add): the held-out accuracy at the first and last evaluation, paired, and the run's wall time.
+    The run's own summary.json must agree with its items."""
+    rows = []
+    for folder in sorted(p.parent for p in results.glob("*/run.json")):
+        run, summary = json.loads((folder / "run.json").read_text()), json.loads((folder / "summary.json").read_text())
+        steps = run["eval_steps"]
+        first, last = (read_items(folder / f"step_{s}.items.jsonl.gz") for s in (steps[0], steps[-1]))
+        for key, recs in (("initial_eval_reward", first), ("final_eval_reward", last)):
+            if key in summary and abs(summary[key] - accuracy(recs)) > 1e-9:
+                raise ValueError(f"{folder}/summary.json: {key} {summary[key]}, its items {accuracy(recs):.4f}")
+        rows.append(
+            [
+                folder.name,
+                f"`{run['command']}`" if run.get("command") else "",
+                str(len(first)),
+                f"{accuracy(first):.3f} → {accuracy(last):.3f}",
+                paired(first, last),
+                f"{summary['wall_s'] / 60:.1f} min",
+            ]
+        )
+    header = ["run", "command", "held-out items", "before → after", "better / worse, p", "wall"]
+    return table(header, rows)
+
+
 TABLES: dict[str, Callable[[Path], list[str]]] = {
     "relay_pilot": relay_pilot,
     "relay_runs": relay_runs,
     "relay_controls": relay_controls,
+    "runs": runs,
 }
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from harnesses.programs.majority_vote import majority
 from harnesses.verifiers.answers import extract_answer
 from rollout.models import resolve_model
-from rollout.trace import Trace
+from rollout.trace import Trace, read_jsonl
 from trainer.config import compose
 from trainer.metrics import sign_test_p, write_atomic
 
@@ -73,6 +73,28 @@ def decoder(overrides: list[str]) -> Callable[[list[int]], str]:
     model = cfg.policy_model(cfg.trainable_policies()[0])
     tok = Tokenizer.from_file(str(Path(resolve_model(model.name, model.path)) / "tokenizer.json"))
     return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+
+def run_decoder(run_dir: Path) -> Callable[[list[int]], str]:
+    """The token decoder of a run's base model (`model` of its config.yaml)."""
+    from omegaconf import OmegaConf
+    from tokenizers import Tokenizer
+
+    model = OmegaConf.load(run_dir / "config.yaml").model
+    tok = Tokenizer.from_file(str(Path(resolve_model(model.name, model.path)) / "tokenizer.json"))
+    return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+
+def publish_evals(run_dir: Path, out: Path) -> list[int]:
+    """Each held-out evaluation of a run (run_dir/eval/step_<N>.jsonl) as a condition
+    `step_<N>` in `out`, its items read with the run's tokenizer; the steps written."""
+    decode, steps = run_decoder(run_dir), []
+    for path in sorted((run_dir / "eval").glob("step_*.jsonl"), key=lambda p: int(p.stem[5:])):
+        step = int(path.stem[5:])
+        recs = records(list(read_jsonl(path)), decode)
+        write_condition(out, f"step_{step}", recs, {"step": step, "items": len(recs)})
+        steps.append(step)
+    return steps
 
 
 def item_number(rec: dict) -> int:

@@ -33,3 +33,28 @@ def test_the_session_url_option_is_checked_at_start():
 
     with pytest.raises(ValueError, match="harness.options.url='roles' must be role"):
         check_options({"agent": "examples.agents_sdk_handoff.agent", "url": "roles"})
+
+
+@pytest.mark.integration
+def test_a_langgraph_supervisor_runs_unmodified_on_the_session_url(run_harness):
+    """examples/langgraph_supervisor.py (langgraph 1.2 + langchain-openai 1.8: ChatOpenAI's chat
+    completions, a bound tool, three roles by model name): the solver answers first, the supervisor
+    then routes; every call is a trainable sequence of its role. The supervisor's own replies are not
+    in the graph's messages, so each supervisor call is rendered fresh (parent None)."""
+    from examples.langgraph_supervisor import MAX_CALLS
+
+    roles = ["supervisor", "solver", "checker"]
+    task, seqs, result = run_harness(
+        "harnesses.programs.openai_agent.openai_agent",
+        roles,
+        max_tokens=24,
+        agent="examples.langgraph_supervisor.agent",
+        url="session",
+    )
+    trace = [(s.agent, s.parent, len(s.completion_ids)) for s in seqs]
+    assert 2 <= len(seqs) <= MAX_CALLS and [s.agent for s in seqs[:2]] == ["solver", "supervisor"], trace
+    assert all(s.agent in roles and s.policy == "main" and s.trainable for s in seqs), trace
+    assert all(s.parent is None for s in seqs if s.agent == "supervisor"), trace
+    assert result.info["gateway_extended"] == sum(s.parent is not None for s in seqs), (trace, result.info)
+    assert result.info["gateway_fresh"] + result.info["gateway_extended"] == len(seqs)
+    assert result.info["reward_from"] == "verifier" and result.reward in (0.0, 1.0)

@@ -58,3 +58,25 @@ def test_a_langgraph_supervisor_runs_unmodified_on_the_session_url(run_harness):
     assert result.info["gateway_extended"] == sum(s.parent is not None for s in seqs), (trace, result.info)
     assert result.info["gateway_fresh"] + result.info["gateway_extended"] == len(seqs)
     assert result.info["reward_from"] == "verifier" and result.reward in (0.0, 1.0)
+
+
+@pytest.mark.integration
+def test_a_smolagents_tool_calling_agent_runs_unmodified_on_its_role_url(run_harness):
+    """examples/smolagents_tools.py (smolagents 1.26: a ToolCallingAgent, OpenAIModel's chat
+    completions, on a thread): the tiny model's steps call no tool, so the agent runs its steps and
+    then its final-answer call; every call is a trainable solver sequence. smolagents rewrites the
+    history it resends, and its final-answer call has a system prompt of its own: rendered fresh."""
+    from examples.smolagents_tools import MAX_STEPS
+
+    task, seqs, result = run_harness(
+        "harnesses.programs.openai_agent.openai_agent",
+        ["solver"],
+        max_tokens=24,
+        agent="examples.smolagents_tools.agent",
+    )
+    trace = [(s.agent, s.parent, len(s.completion_ids)) for s in seqs]
+    assert len(seqs) == MAX_STEPS + 1 and seqs[0].parent is None and seqs[-1].parent is None, trace
+    assert all(s.agent == "solver" and s.policy == "main" and s.trainable for s in seqs), trace
+    assert result.info["gateway_extended"] == sum(s.parent is not None for s in seqs), (trace, result.info)
+    assert result.info["gateway_fresh"] + result.info["gateway_extended"] == len(seqs)
+    assert result.info["reward_from"] == "verifier" and result.reward in (0.0, 1.0)

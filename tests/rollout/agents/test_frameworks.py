@@ -2,7 +2,11 @@
 example in examples/ run by the openai_agent harness in this process against the shared engine
 (tiny model, its real tokenizer and chat template). The tiny model writes no tool call and no
 handoff, so these show that every request a framework sends is taken and recorded under the role
-its model names; a framework's tool and handoff paths need a model that calls them."""
+its model names; a framework's tool and handoff paths need a model that calls them: the e2e test
+runs LangGraph's on SmolLM2-135M-Instruct (its own engine), which calls the tool after two worked
+examples. docs/frameworks.md says what each framework's resent history does to the counters."""
+
+import asyncio
 
 import pytest
 
@@ -80,3 +84,73 @@ def test_a_smolagents_tool_calling_agent_runs_unmodified_on_its_role_url(run_har
     assert result.info["gateway_extended"] == sum(s.parent is not None for s in seqs), (trace, result.info)
     assert result.info["gateway_fresh"] + result.info["gateway_extended"] == len(seqs)
     assert result.info["reward_from"] == "verifier" and result.reward in (0.0, 1.0)
+
+
+@pytest.mark.e2e
+def test_a_langgraph_solver_calls_its_tool_and_its_resent_history_extends_token_exact(ray_cluster, engine_cfg):
+    """examples/langgraph_supervisor.py's graph on SmolLM2-135M-Instruct (greedy; the gateway's tool
+    convention: its template renders no tools), invoked on a conversation with two worked calculator
+    examples, as a LangGraph graph is invoked on a history: the solver calls the calculator, LangGraph
+    runs it and resends the history with the tool's result, and that call continues the first one's
+    ids token for token (one training row); the supervisor, which sees the workers' replies but never
+    its own, is rendered fresh."""
+    import ray
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from examples.calculator_agent import calculator
+    from examples.langgraph_supervisor import MAX_CALLS, build_graph
+    from rollout.agents.client import Agent, ChatFormat, TraceRecorder
+    from rollout.agents.gateway import Gateway
+    from rollout.config import ModelConfig, SamplingConfig
+    from rollout.models import resolve_model
+    from rollout.orchestration.cluster import spawn_engines
+    from rollout.orchestration.router import Router
+
+    def worked(k: int, expression: str) -> list:
+        call = {"name": "calculator", "args": {"expression": expression}, "id": f"c{k}"}
+        result = calculator(expression)
+        return [
+            HumanMessage(f"What is {expression}?"),
+            AIMessage("", tool_calls=[call]),
+            ToolMessage(result, tool_call_id=f"c{k}"),
+            AIMessage(f"<answer>{result}</answer>"),
+        ]
+
+    history = [*worked(1, "12 + 30"), *worked(2, "7 * 8"), HumanMessage("What is 17 * 23?")]
+    path = resolve_model("smollm2_135m")
+    [eng] = spawn_engines({"main": (path, ModelConfig(name="smollm2_135m"), engine_cfg)})["main"]
+    fmt = ChatFormat.from_pretrained(path)
+
+    async def main():
+        gateway = Gateway()
+        await gateway.start()
+        rec = TraceRecorder("langgraph")
+        sampling = SamplingConfig(temperature=0.0, max_tokens=48)
+        agents = {r: Agent(r, "main", Router([eng]), fmt, rec, sampling) for r in ("supervisor", "solver", "checker")}
+        try:
+            with gateway.session(agents) as s:
+                final = await build_graph(s.base_url(), s.api_key).ainvoke({"messages": history, "calls": 0})
+                return final["messages"][len(history) :], s.counts(), rec.sequences
+        finally:
+            await gateway.stop()
+
+    try:
+        new, counts, seqs = asyncio.run(main())
+    finally:
+        ray.get(eng.shutdown.remote(), timeout=60)
+        ray.kill(eng)
+    trace = [(s.agent, s.parent, fmt.tok.decode(s.completion_ids)) for s in seqs]
+    call, result = new[0], new[1]
+    assert call.tool_calls[0]["name"] == "calculator" and isinstance(result, ToolMessage), trace
+    assert result.content == "391", trace
+    first, second = seqs[0], seqs[1]
+    assert first.agent == second.agent == "solver" and second.parent == 0, trace
+    head = first.prompt_ids + first.completion_ids
+    assert second.prompt_ids[: len(head)] == head
+    assert (
+        fmt.tok.decode(second.prompt_ids[len(head) :]) == "\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert len(seqs) <= MAX_CALLS and all(s.parent is None for s in seqs if s.agent == "supervisor"), trace
+    assert counts["gateway_tool_calls"] >= 1 and counts["gateway_extended"] >= 1, counts
+    assert counts["gateway_extended"] == sum(s.parent is not None for s in seqs), (trace, counts)
+    assert counts["gateway_fresh"] + counts["gateway_extended"] == len(seqs)

@@ -86,6 +86,59 @@ def test_a_smolagents_tool_calling_agent_runs_unmodified_on_its_role_url(run_har
     assert result.info["reward_from"] == "verifier" and result.reward in (0.0, 1.0)
 
 
+async def smolagents_with_its_default_tool_choice(task, base_url: str, api_key: str) -> str:
+    """examples/smolagents_tools.py's agent as smolagents makes it by default: tool_choice 'required'."""
+    from smolagents import LogLevel, OpenAIModel, ToolCallingAgent
+
+    from examples.smolagents_tools import PROMPTS, calculator
+
+    model = OpenAIModel("solver", api_base=base_url, api_key=api_key, client_kwargs={"max_retries": 0})
+    solver = ToolCallingAgent(
+        tools=[calculator], model=model, prompt_templates=PROMPTS, max_steps=1, verbosity_level=LogLevel.OFF
+    )
+    return str(await asyncio.to_thread(solver.run, task.prompt))
+
+
+async def langgraph_structured_supervisor(task, base_url: str, api_key: str) -> str:
+    """The supervisor of LangGraph's tutorials: ChatOpenAI.with_structured_output (its default method,
+    json_schema) picks the next worker."""
+    from typing import Literal
+
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel
+
+    class Route(BaseModel):
+        next: Literal["solver", "checker", "done"]
+
+    supervisor = ChatOpenAI(model="supervisor", base_url=base_url, api_key=api_key, max_retries=0)
+    route = await supervisor.with_structured_output(Route).ainvoke(task.prompt)
+    return str(route)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "agent, roles, refused",
+    [
+        ("smolagents_with_its_default_tool_choice", ["solver"], "tool_choice='required' is not supported"),
+        ("langgraph_structured_supervisor", ["supervisor"], "response_format=.* is not supported"),
+    ],
+)
+def test_what_a_framework_sends_by_default_that_the_learner_cannot_reproduce_fails_the_trace(
+    run_harness, agent, roles, refused
+):
+    """smolagents' ToolCallingAgent forces a tool call (tool_choice 'required'), LangGraph's usual
+    supervisor asks for structured output: both need constrained decoding, which the learner cannot
+    score, so the gateway's 400 names the field and the trace fails with it (the examples ask for
+    tool_choice auto and parse the supervisor's word instead). Nothing is generated."""
+    with pytest.raises(Exception, match=refused):
+        run_harness(
+            "harnesses.programs.openai_agent.openai_agent",
+            roles,
+            agent=f"tests.rollout.agents.test_frameworks.{agent}",
+            url="session",
+        )
+
+
 @pytest.mark.e2e
 def test_a_langgraph_solver_calls_its_tool_and_its_resent_history_extends_token_exact(ray_cluster, engine_cfg):
     """examples/langgraph_supervisor.py's graph on SmolLM2-135M-Instruct (greedy; the gateway's tool

@@ -304,8 +304,8 @@ class Job:
     def trained(self) -> bool:
         return (self.dir / "summary.json").exists()
 
-    def train(self) -> None:
-        """Train the run (resuming a stopped one), unless finished; then its per-item files."""
+    def check_seed(self) -> None:
+        """A run dir of another run seed (trained before the study's seeds were s x task.size) is refused."""
         if (self.dir / "config.yaml").exists():
             trained_seed = compose_run_seed(self.dir)
             if trained_seed != self.run_seed:
@@ -313,6 +313,10 @@ class Job:
                     f"{self.dir} was trained with seed={trained_seed}, and study seed {self.seed} is run seed "
                     f"{self.run_seed} (run_seed): move that run away"
                 )
+
+    def train(self) -> None:
+        """Train the run (resuming a stopped one), unless finished; then its per-item files."""
+        self.check_seed()
         if self.trained():
             log(f"{self.label}: trained already ({self.dir})")
         else:
@@ -330,6 +334,7 @@ class Job:
     def export(self) -> None:
         """Each held-out evaluation of the finished run as per-item files (those not written yet), with
         the training it took to get there."""
+        self.check_seed()
         todo = [(n, p) for n, p in self.eval_files() if read_condition(self.docs, f"step_{n}") is None]
         if not todo:
             return

@@ -26,6 +26,7 @@ from rollout.trace import Sequence, Trace
 from scripts.team_study import (
     ARMS,
     QUICK,
+    Job,
     analyze,
     game_stats,
     grad_spikes,
@@ -319,3 +320,12 @@ def test_the_analysis_contrasts_each_team_arm_with_the_controls_over_seeds_and_r
     text = report([], a)
     assert "run vs run" in text and "Holm over the 3 contrasts" in text and "Holm over the 9 tests" in text
     assert "| team_shared - vote | 3 | 5.0 |" in text and "| 2 | team_shared | 40.0 / 10.0 | 4 | 4 |" in text
+
+
+def test_a_run_dir_of_another_run_seed_is_refused(tmp_path):
+    job = Job(ARMS["team_shared"], 2, tmp_path / "runs", tmp_path / "results", quick=False, timeout_s=1)
+    job.dir.mkdir(parents=True)
+    (job.dir / "config.yaml").write_text("seed: 2\n")  # the study seed as the run seed: the old, shifted streams
+    for step in (job.train, job.export):
+        with pytest.raises(RuntimeError, match=r"trained with seed=2, and study seed 2 is run seed 20000"):
+            step()

@@ -69,7 +69,7 @@ class ArithFeedbackEnv(vf.MultiTurnEnv):
         return self.parser.parse_answer(state["trajectory"][-1]["completion"]) == state["answer"]
 
     async def env_response(self, messages: vf.Messages, state: vf.State, **kwargs) -> vf.Messages:
-        return [{"role": "user", "content": FEEDBACK}]
+        return [vf.UserMessage(role="user", content=FEEDBACK)]
 
 
 def correct_answer(completion: vf.Messages, answer: str, parser: vf.Parser) -> float:

@@ -25,7 +25,8 @@ weights (OUT/controls/seed<s>):
 - `<arm>_swap` (team_lora, team_full): the trained roles' weights swapped (the verifier's weights
   solve, the solver's verify), on the same held-out questions.
 - `<arm>_as_player_a` / `_as_player_b` (selfplay arms): the trained player against the untrained
-  model in either seat, and the untrained model in both (`..._untrained`).
+  model in either seat, compared with the untrained model in both (the run's own step-0 evaluation:
+  the same weights, greedy, on the same positions).
 
 Per-item results (trainer/results.py's write_condition: <name>.items.jsonl.gz + .meta.json) for
 every evaluation, in RESULTS (--results, default OUT/results): RESULTS/<arm>/seed<s>/step_<n> for
@@ -382,25 +383,21 @@ class Controls:
     def docs(self) -> Path:
         return next(iter(self.jobs.values())).results / "controls" / f"seed{self.seed}"
 
-    def evaluate(self, name: str, preset: str, extra: list[str], weights: Job, reference: str | None = None) -> dict:
+    def evaluate(self, name: str, preset: str, extra: list[str], weights: Job) -> dict:
         """scripts/evaluate.py of `preset` (+ `extra`) on `weights`' final weights: its report (kept in
-        OUT/controls/seed<s>/<name>.json and reused) and its items in RESULTS/controls/seed<s>/<name>
-        (a reference's as <name>_untrained)."""
+        OUT/controls/seed<s>/<name>.json and reused) and its items in RESULTS/controls/seed<s>/<name>."""
         overrides = [f"experiment={preset}", f"seed={weights.run_seed}", *extra, *(QUICK if self.quick else [])]
         out = self.work / f"{name}.json"
         if not out.exists():
             log(f"seed {self.seed} {name}: evaluating {weights.dir} (output: {self.work / name}.log)")
-            ref = ["--reference", reference] if reference else []
-            cmd = ["scripts/evaluate.py", *overrides, "--model", str(weights.dir), *ref, "--out", str(out)]
+            cmd = ["scripts/evaluate.py", *overrides, "--model", str(weights.dir), "--out", str(out)]
             run(cmd, self.work / f"{name}.log", self.timeout_s)
         rep = json.loads(out.read_text())
         if read_condition(self.docs, name) is None:
             decode, prov = decoder(overrides), provenance(ROOT, CODE)
             meta = {**prov, "overrides": overrides, "model": str(weights.dir), "seed": self.seed}
-            for label, cond in (("model", name), ("reference", f"{name}_untrained")):
-                if label in rep:
-                    recs = study_records(list(read_jsonl(rep[label]["traces"])), decode)
-                    write_condition(self.docs, cond, recs, meta | {"wall_s": rep[label]["wall_s"], "weights": label})
+            recs = study_records(list(read_jsonl(rep["model"]["traces"])), decode)
+            write_condition(self.docs, name, recs, meta | {"wall_s": rep["model"]["wall_s"]})
         return rep
 
     def all(self) -> dict[str, str]:
@@ -428,8 +425,7 @@ class Controls:
         arm, seat = what
         job = self.jobs[arm]
         other = next(s for s in job.arm.seats if s != seat)  # played by the untrained model (`frozen`)
-        base = "tiny" if self.quick else "smollm2_135m"
-        self.evaluate(f"{arm}_as_{seat}", job.arm.preset, [f"agents.{other}=frozen"], job, reference=base)
+        self.evaluate(f"{arm}_as_{seat}", job.arm.preset, [f"agents.{other}=frozen"], job)
 
     def transplant(self, single: Job) -> None:
         self.evaluate(TRANSPLANT, ARMS["team_shared"].preset, [], single)
@@ -546,14 +542,14 @@ def read_run(job: Job) -> dict:
     for seat in job.arm.seats:
         rep = job.out / "controls" / f"seed{job.seed}" / f"{job.arm.name}_as_{seat}.json"
         if rep.exists():
-            row[seat] = read_seat(json.loads(rep.read_text()))
+            row[seat] = read_seat(list(read_jsonl(json.loads(rep.read_text())["model"]["traces"])), first)
     return row
 
 
-def read_seat(rep: dict) -> dict:
-    """A seat's evaluate.py report in short: each role's reward, trained and untrained, the paired
-    comparison of each role's reward, and how often each seat lost by an illegal move."""
-    model, base = (list(read_jsonl(rep[k]["traces"])) for k in ("model", "reference"))
+def read_seat(model: list[Trace], base: list[Trace]) -> dict:
+    """A seat's evaluation (`model`) against the untrained model in both seats (`base`: the run's step-0
+    evaluation) in short: each role's reward, trained and untrained, the paired comparison of each
+    role's reward, and how often each seat lost by an illegal move."""
     roles = sorted({r for t in model for r in (t.agent_rewards or {})})
     return {
         "roles": {r: mean_of(model, role_reward(r)) for r in roles},

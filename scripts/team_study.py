@@ -624,9 +624,10 @@ def analyze(results: Path, arms: list[str], seeds: list[int]) -> dict:
         "team_vs_controls": family(versus, seeds),
         "secondary": family(secondary, seeds),
         "training": family({f"{a}_after_vs_before": (firsts[a], finals[a]) for a in learned}, seeds),
-        # the untrained models are the same in every seed (greedy): one pair of evaluations, the first seed's
+        # the untrained models are the same in every seed and team arm (greedy; LoRA adapters start at zero):
+        # one pair of evaluations, the first seed's
         "harness_untrained": family(
-            {"team_vs_single_agent_untrained": (firsts.get(SINGLE, {}), firsts.get("team_shared", {}))}, seeds[:1]
+            {"team_vs_single_agent_untrained": (firsts.get(SINGLE, {}), firsts[team[0]] if team else {})}, seeds[:1]
         ),
         "team_evals": team_evals(data, ctl),
         "matched_votes": {str(s): m for s, m in matched.items()},

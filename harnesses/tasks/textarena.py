@@ -5,9 +5,10 @@ from a seed: the seed the env is reset with (KuhnPoker's deals come from it) and
 draws its own choices from (the opponent, the learner's seat, a random player's moves). The
 question names the seed, so TaskSource's held-out-by-content logic holds out seeds: no held-out
 seed is ever a training seed, and the held-out seeds are distinct. With `opening_moves: k > 0`
-each game starts after k random legal moves drawn from its seed, and the question names that
-opening instead: then openings (positions) are held out, and a held-out position is never a
-training start (TicTacToe: 9 openings of one move, 72 of two, 252 of three).
+each game starts after k random legal moves drawn from its seed, and the question names the
+position the opening reaches instead (TicTacToe: its board; other games: the moves): then
+positions are held out, and a held-out position is never a training start (TicTacToe: 9
+positions after one move, 72 after two, 252 after three).
 
 Beside the source, what the harness and the tests share about the games: `Game` (one env, played
 with its own random state: TextArena seeds and draws from Python's global `random`, which
@@ -46,6 +47,16 @@ def _kuhn_moves(env: Any) -> list[str]:
 # The games whose legal moves this module knows, by TextArena env class: one function of the
 # unwrapped env a game needs (every variant id of that class, e.g. KuhnPoker-v0-short, works).
 LEGAL_MOVES: dict[str, Callable[[Any], list[str]]] = {"TicTacToeEnv": _tictactoe_moves, "KuhnPokerEnv": _kuhn_moves}
+
+
+def _tictactoe_position(env: Any) -> str:
+    rows = ("".join(c or "." for c in row) for row in env.state.game_state["board"])
+    return "the board " + "/".join(rows)
+
+
+# A position in words, for the games where different move orders reach one position (TicTacToe):
+# the question of a game with an opening, so that openings are held out by the position they reach.
+POSITIONS: dict[str, Callable[[Any], str]] = {"TicTacToeEnv": _tictactoe_position}
 
 
 def _textarena() -> Any:
@@ -228,18 +239,16 @@ class TextArenaGames(TaskSource):
     def draw(self, split: str, index: int, task_id: str) -> TextArenaGame:
         stream = self.seed if split == "train" else self.eval_seed
         seed = random.Random(f"textarena/{stream}/{index}").randrange(SEED_RANGE)  # str seeds: every process alike
-        opening = self._opening(seed)
-        if opening:
-            question = f"{self.env_id} from the opening {' '.join(opening)}"
-        else:
-            question = f"{self.env_id} game, seed {seed}"
+        opening, position = self._opening(seed)
+        question = f"{self.env_id} from {position}" if opening else f"{self.env_id} game, seed {seed}"
         prompt = f"{question}\n{self.instruction}" if self.instruction else question
         return TextArenaGame(task_id, question, prompt, self.env_id, seed, opening)
 
-    def _opening(self, seed: int) -> list[str]:
-        """`opening_moves` random legal moves from the game's start (fewer if one more would end it)."""
+    def _opening(self, seed: int) -> tuple[list[str], str]:
+        """`opening_moves` random legal moves from the game's start (fewer if one more would end
+        it), and the position they reach in words (POSITIONS; else the moves themselves)."""
         if not self.opening_moves:
-            return []
+            return [], ""
         game, rng, moves = Game(self.env_id, seed), random.Random(f"opening/{seed}"), []
         for _ in range(self.opening_moves):
             move = rng.choice(game.legal_moves())
@@ -247,4 +256,9 @@ class TextArenaGames(TaskSource):
             if game.done:
                 break
             moves.append(move)
-        return moves
+        if game.done:  # replay without the move that ended it
+            game = Game(self.env_id, seed)
+            for move in moves:
+                game.step(move)
+        position = POSITIONS.get(type(game.env.env).__name__)
+        return moves, position(game.env.env) if position else "the opening " + " ".join(moves)

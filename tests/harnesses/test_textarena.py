@@ -41,6 +41,14 @@ def test_games_are_held_out_by_seed(env_id):
     assert pickle.loads(pickle.dumps(task)) == task and task.score("[4]") == 0.0 and task.answer is None
 
 
+def board(opening):
+    """The TicTacToe position `opening` reaches (seat 0 plays O, moving first)."""
+    cells = ["."] * 9
+    for i, move in enumerate(opening):
+        cells[int(move.strip("[]"))] = "OX"[i % 2]
+    return "".join(cells)
+
+
 @pytest.mark.unit
 def test_openings_are_held_out_by_position():
     src = TextArenaGames("textarena", {"opening_moves": 2}, eval_size=16)
@@ -49,6 +57,10 @@ def test_openings_are_held_out_by_position():
     trained = {tuple(src.train_task(i).opening) for i in range(1000)}
     assert not trained & set(held_out)
     assert len(trained) == 72 - 16, "every other two-move opening is trained on"
+    three = TextArenaGames("textarena", {"opening_moves": 3}, eval_size=32)
+    boards = {board(t.opening) for t in three.eval_tasks()}
+    assert len(boards) == 32, "one held-out item per position, whatever the order of its moves"
+    assert not {board(three.train_task(i).opening) for i in range(1000)} & boards
     with pytest.raises(ValueError, match="only 9 distinct questions .* fewer than task.eval_size=10"):
         TextArenaGames("textarena", {"opening_moves": 1}, eval_size=10).eval_tasks()
 

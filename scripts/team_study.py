@@ -19,7 +19,8 @@ weights (OUT/controls/seed<s>):
   trained alone, evaluated in the team (AT-GRPO's "trained in SA, eval in MAS").
 - `vote_k<k>`: the single agent's majority vote over k samples (temperature 0.7), k matched in
   generated tokens to each team arm of the seed: k = max(1, round(T_team / T_single)) from the mean
-  generated tokens per question of their last evaluations (scripts/relay_runs.py's `vote_k`); k = 1
+  generated tokens per question of their last evaluations (trainer.contrasts.token_matched_k, the
+  relay's rule); k = 1
   is the single agent's own greedy evaluation. controls/seed<s>/matched_votes.json says which vote
   each team arm is compared with. --quick votes over 2 samples whatever the rule says.
 - `<arm>_swap` (team_lora, team_full): the trained roles' weights swapped (the verifier's weights
@@ -70,18 +71,16 @@ import msgspec
 
 from harnesses.verifiers.answers import extract_answer
 from rollout.trace import Trace, read_jsonl
-from scripts.relay_runs import vote_k
 from trainer.config import compose
 from trainer.contrasts import (
     CONTRAST_HEAD,
+    contrast_family,
     contrast_rows,
-    holm_family,
     items_by_seed,
     load_study,
-    paired_contrast,
     pval,
-    sign_tests_by_seed,
     table as md_table,
+    token_matched_k,
 )
 from trainer.jobs import provenance
 from trainer.metrics import paired_comparison, write_atomic
@@ -437,7 +436,7 @@ class Controls:
         a_items, matched = last(single), {}
         for arm, job in self.jobs.items():
             if job.arm.team:
-                k_rule, t_team, t_single = vote_k(last(job), a_items)
+                k_rule, t_team, t_single = token_matched_k(last(job), a_items)
                 k = QUICK_VOTE_K if self.quick else k_rule
                 condition = f"controls/vote_k{k}" if k > 1 else SINGLE
                 matched[arm] = {"k": k, "k_rule": k_rule, "tokens_team": round(t_team, 3)}
@@ -570,22 +569,6 @@ def condition(name: str, finals: dict, ctl: dict) -> dict[int, list[dict]]:
     return ctl.get(name.removeprefix("controls/"), {}) if name.startswith("controls/") else finals.get(name, {})
 
 
-def family(pairs: dict[str, tuple[dict, dict]], seeds: list[int]) -> dict:
-    """Paired contrasts (other - base over the seeds both have, with the same items), Holm over them;
-    each with its per-seed sign tests, run vs run, Holm-adjusted over all of the family's."""
-    out = {name: paired_contrast(base, other, seeds, RESAMPLES) for name, (base, other) in pairs.items() if base}
-    out = {name: c for name, c in out.items() if c["seeds"]}
-    holm_family(out)
-    for name, c in out.items():
-        base, other = pairs[name]
-        c["run_vs_run"] = sign_tests_by_seed(base, other, c["seeds"])
-    raw = {(name, s): t["p"] for name, c in out.items() for s, t in c["run_vs_run"].items()}
-    adjusted = holm({f"{n}/{s}": p for (n, s), p in raw.items()})
-    for (name, s), _ in raw.items():
-        out[name]["run_vs_run"][s]["p_holm"] = adjusted[f"{name}/{s}"]
-    return out
-
-
 def vote_of(arm: str, matched: dict, finals: dict, ctl: dict) -> dict[int, list[dict]]:
     """The vote each seed matched to `arm`'s tokens (matched_votes.json), by seed."""
     return {
@@ -621,13 +604,17 @@ def analyze(results: Path, arms: list[str], seeds: list[int]) -> dict:
     learned = [a for a in arms if ARMS[a].question != "selfplay"]
     return {
         "seeds": seeds,
-        "team_vs_controls": family(versus, seeds),
-        "secondary": family(secondary, seeds),
-        "training": family({f"{a}_after_vs_before": (firsts[a], finals[a]) for a in learned}, seeds),
+        "team_vs_controls": contrast_family(versus, seeds, RESAMPLES),
+        "secondary": contrast_family(secondary, seeds, RESAMPLES),
+        "training": contrast_family(
+            {f"{a}_after_vs_before": (firsts[a], finals[a]) for a in learned}, seeds, RESAMPLES
+        ),
         # the untrained models are the same in every seed and team arm (greedy; LoRA adapters start at zero):
         # one pair of evaluations, the first seed's
-        "harness_untrained": family(
-            {"team_vs_single_agent_untrained": (firsts.get(SINGLE, {}), firsts[team[0]] if team else {})}, seeds[:1]
+        "harness_untrained": contrast_family(
+            {"team_vs_single_agent_untrained": (firsts.get(SINGLE, {}), firsts[team[0]] if team else {})},
+            seeds[:1],
+            RESAMPLES,
         ),
         "team_evals": team_evals(data, ctl),
         "matched_votes": {str(s): m for s, m in matched.items()},
@@ -848,7 +835,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "the analysis (OUT/team_study.md, .json) is computed from them. Study seed s trains with seed=s x task.size.",
     )
     parser.add_argument("--arms", default="all", help="all, team, credit, selfplay or arm names (comma-separated)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="the study's seeds (default 1 2)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[1, 2, 3, 4, 5],
+        help="the study's seeds (default 1-5: a test over seeds)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "team_study", help="where the runs go")
     parser.add_argument("--results", type=Path, help="the per-item files (default OUT/results)")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 steps: the code paths only")

@@ -143,6 +143,33 @@ def sign_tests_by_seed(base: dict[int, list[dict]], other: dict[int, list[dict]]
     return {str(s): sign_test(base[s], other[s]) for s in seeds}
 
 
+def contrast_family(pairs: dict[str, tuple[dict, dict]], seeds: list[int], resamples: int) -> dict:
+    """A table's family of paired contrasts, name -> (base, other) items by seed: each other - base over
+    the seeds both have (paired_contrast; those with none left out), Holm over the family, and each
+    with its per-seed sign tests (`run_vs_run`: two runs' items, not two arms), Holm-adjusted over all
+    of the family's per-seed tests (`p_holm`)."""
+    out = {name: paired_contrast(base, other, seeds, resamples) for name, (base, other) in pairs.items()}
+    out = {name: c for name, c in out.items() if c["seeds"]}
+    holm_family(out)
+    for name, c in out.items():
+        c["run_vs_run"] = sign_tests_by_seed(*pairs[name], c["seeds"])
+    adjusted = holm({f"{name}/{s}": t["p"] for name, c in out.items() for s, t in c["run_vs_run"].items()})
+    for name, c in out.items():
+        for s, t in c["run_vs_run"].items():
+            t["p_holm"] = adjusted[f"{name}/{s}"]
+    return out
+
+
+def token_matched_k(other: list[dict], single: list[dict]) -> tuple[int, float, float]:
+    """The samples k of a single agent's vote that spend about the generated tokens per item of
+    `other`: k = max(1, round(T_other / T_single)) (a half rounds up), T the mean `tokens` of each's
+    items; (k, T_other, T_single). scripts/relay_runs.py's vote_k is the same rule."""
+    t_other, t_single = (statistics.fmean(r["tokens"] for r in recs) for recs in (other, single))
+    if t_single == 0:
+        raise ValueError("the single agent's items generated no tokens: k = T_other / T_single is undefined")
+    return max(1, math.floor(t_other / t_single + 0.5)), t_other, t_single
+
+
 def mean_ci(per_seed: list[list[float]], resamples: int, seed: int = 0) -> list[float] | None:
     """95% two-level bootstrap CI of the mean over seeds of each seed's mean, for values not paired
     across conditions (an accuracy, a share of calls right): resample seeds, then within each drawn

@@ -16,6 +16,7 @@ from trainer.contrasts import (
     RUN_HEAD,
     STEP_HEAD,
     accuracy,
+    contrast_family,
     contrast_rows,
     control_rows,
     final_items,
@@ -32,6 +33,7 @@ from trainer.contrasts import (
     step_rows,
     step_table,
     table,
+    token_matched_k,
 )
 from trainer.results import holm, paired_t, write_condition
 
@@ -88,6 +90,28 @@ def test_run_vs_run_sign_tests_per_seed_and_the_items_summary():
     }
     assert accuracy(items(5)) == 0.25
     assert items_summary(items(1, n=3, tokens=7)) == {"accuracy": 0.3333, "tokens_per_story": 7.0, "truncated": 1}
+
+
+def test_a_family_of_contrasts_holm_over_it_and_over_its_run_vs_run_tests():
+    base = {1: items(4), 2: items(6), 3: items(5)}
+    pairs = {"B_vs_A": (base, {1: items(8), 2: items(9), 3: items(9)}), "C_vs_A": (base, {1: items(5), 3: items(5)})}
+    pairs["D_vs_A"] = ({}, base)  # no seeds: left out
+    fam = contrast_family(pairs, [1, 2, 3], resamples=500)
+    assert list(fam) == ["B_vs_A", "C_vs_A"] and fam["C_vs_A"]["seeds"] == [1, 3]
+    for name in fam:
+        raw = {n: c["p"] for n, c in fam.items()}
+        assert fam[name]["p_holm"] == pytest.approx(holm(raw)[name]) and fam[name]["p_holm"] >= fam[name]["p"]
+    assert fam["B_vs_A"]["run_vs_run"]["1"] == {"better": 4, "worse": 0, "p": 0.125, "p_holm": pytest.approx(0.625)}
+    assert set(fam["C_vs_A"]["run_vs_run"]) == {"1", "3"}  # Holm over the family's 5 per-seed tests
+    assert fam["C_vs_A"]["run_vs_run"]["3"] == {"better": 0, "worse": 0, "p": 1.0, "p_holm": 1.0}
+
+
+def test_the_vote_matched_in_generated_tokens():
+    assert token_matched_k(items(1, tokens=75), items(1, tokens=30)) == (3, 75.0, 30.0)  # 2.5: a half rounds up
+    assert token_matched_k(items(1, tokens=40), items(1, tokens=30))[0] == 1  # 1.33: the greedy answer itself
+    assert token_matched_k(items(1, tokens=10), items(1, tokens=30))[0] == 1  # never below one sample
+    with pytest.raises(ValueError, match="generated no tokens"):
+        token_matched_k(items(1), items(1, tokens=0))
 
 
 def test_the_two_level_ci_of_a_mean_over_seeds():

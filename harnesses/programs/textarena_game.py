@@ -15,7 +15,8 @@ one opponent) with the weights `opponent_self`, `opponent_frozen`, `opponent_ran
 Each seat played by a model keeps one conversation: its turn's user message is what the game sent
 it since its last turn (the rules first; the game's descriptions of moves and the board, the last
 board only; no player's raw reply text: its own is in its history already, the opponent's could
-leak hidden information), and its sequences merge into one training row per seat.
+leak hidden information; then `move_hint`, if set, e.g. "Reply with your move only, e.g. [4]."), and its
+sequences merge into one training row per seat.
 
 Legality apart from outcome (issue 44 item 4). TextArena's two-player rule is: an invalid move gets
 one retry, a second invalid move in a row loses the game. Here an invalid move never decides the
@@ -64,6 +65,7 @@ async def textarena_game(
     max_retries: int = 1,
     illegal_penalty: float = 0.1,
     max_replies: int = 60,
+    move_hint: str | None = None,
 ) -> HarnessResult:
     env_id, seed, opening = game_of(task, env_id)
     weights = {"self": opponent_self, "frozen": opponent_frozen, "random": opponent_random}
@@ -80,7 +82,7 @@ async def textarena_game(
             raise ValueError(f"task {task.id}: opening move {move!r} is not legal in {env_id} (seed {seed})")
     state = play_state(players)
     judge = tictactoe_best_cells if type(game.env.env).__name__ == "TicTacToeEnv" else None
-    await play(game, players, state, rng, max_retries, max_replies, judge)
+    await play(game, players, state, rng, max_retries, max_replies, judge, move_hint)
     return result(game, players, state, env_id, seed, opening, kind, learner, illegal_penalty)
 
 
@@ -145,6 +147,7 @@ async def play(
     max_retries: int,
     max_replies: int,
     judge: Any,
+    move_hint: str | None = None,
 ) -> None:
     """Play `game` to its end (or until cut: state["truncated"])."""
     while not game.done:
@@ -158,6 +161,8 @@ async def play(
             state["truncated"] = "max_replies"
             return
         chat, content = state["chats"][seat], render(messages)
+        if move_hint:
+            content = f"{content}\n\n{move_hint}"
         limit = agent.max_model_len
         if limit is not None and len(chat.prompt_ids(content)) + agent.sampling.max_tokens > limit:
             state["truncated"] = "context"
@@ -280,6 +285,9 @@ def check_options(options: dict) -> None:
     penalty = options.get("illegal_penalty", 0.0)
     if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty >= 0:
         raise ValueError(f"harness.options.illegal_penalty={penalty!r} must be a number >= 0")
+    hint = options.get("move_hint")
+    if hint is not None and not isinstance(hint, str):
+        raise ValueError(f"harness.options.move_hint={hint!r} must be a string (or null: none)")
     if options.get("env_id") is not None:
         check_env_id(options["env_id"], "harness.options.env_id")
 

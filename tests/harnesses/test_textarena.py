@@ -93,6 +93,7 @@ def test_bad_task_params_fail_naming_the_key(params, msg):
         ("harness.options.max_retries=-1", r"harness.options.max_retries=-1 must be an integer >= 0"),
         ("harness.options.max_replies=0", r"harness.options.max_replies=0 must be an integer >= 1"),
         ("harness.options.illegal_penalty=-0.5", r"harness.options.illegal_penalty=-0.5 must be a number >= 0"),
+        ("harness.options.move_hint=[1]", r"harness.options.move_hint=\[1\] must be a string"),
         ("harness.options.env_id=Chess", "harness.options.env_id='Chess' is not a TextArena environment id"),
         ("task.params.env_id=Nim", "task.params.env_id='Nim' is not a TextArena environment id"),
     ],
@@ -230,6 +231,9 @@ def test_an_invalid_move_is_retried_then_played_for_the_player_and_never_decides
         assert result.reward == 0.5 and info["opponent"] == "self" and info["learner"] is None
         assert "attempted an invalid move" in p0.told[1] and OUT_OF_RETRIES in p0.told[2]
         assert info["metrics"]["illegal_rate"] == info["illegal"]["player_0"] / info["replies"]
+    hinted = Player(lambda t: "I pass")
+    play(src.eval_tasks()[0], hinted, Player(first_legal), move_hint="Reply like [4].")
+    assert len(hinted.told) > 2 and all(t.endswith("\n\nReply like [4].") for t in hinted.told)
     retried = play(src.eval_tasks()[0], Player(lambda t: "I pass"), Player(first_legal), max_retries=0)
     assert retried.info["illegal"]["player_0"] == retried.info["forced"]["player_0"]
 

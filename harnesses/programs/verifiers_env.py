@@ -77,7 +77,7 @@ async def verifiers_env(
         counts = session.counts()
     error = output.get("error")
     if error is not None and error.get("error") not in MODEL_ENDED:
-        raise RuntimeError(f"the environment's rollout failed: {error.get('error_chain_str') or error}")
+        raise RuntimeError(f"the environment's rollout failed: {error.get('error_chain_repr') or error}")
     return HarnessResult(
         reward=float(output["reward"]),
         info={

@@ -155,3 +155,31 @@ def test_a_rollout_worker_runs_the_env_as_a_training_run_does(engine, tiny_path)
         assert 1 <= len(t.sequences) <= 2 and all(s.agent == "solver" and s.trainable for s in t.sequences)
         assert t.info["gateway_fresh"] == 1 and t.info["gateway_extended"] == len(t.sequences) - 1, t.info
         assert t.reward == t.info["metrics"]["correct_answer"] and t.info["env_id"] == ENV_ID
+
+
+@pytest.mark.integration
+def test_a_model_call_the_gateway_refuses_fails_the_trace_naming_the_field(run_harness):
+    """A sampling setting the learner cannot reproduce (top_p) is refused by the gateway; verifiers
+    keeps the error in its state and ends the rollout, and the harness fails the trace with it rather
+    than scoring a rollout whose call never ran."""
+    with pytest.raises(RuntimeError, match=r"the environment's rollout failed: .*top_p=0.5 is not supported"):
+        run_harness(
+            "harnesses.programs.verifiers_env.verifiers_env",
+            ["solver"],
+            task=source().train_task(2),
+            sampling={"top_p": 0.5},
+        )
+
+
+@pytest.mark.unit
+def test_the_harness_needs_a_verifiers_task_and_checks_its_options():
+    from harnesses.programs.verifiers_env import check_options, verifiers_env
+    from harnesses.tasks.reasoning_gym import ReasoningGymTasks
+
+    task = ReasoningGymTasks("chain_sum", {"min_terms": 2, "max_terms": 2}).train_task(0)
+    with pytest.raises(ValueError, match="it needs task=verifiers"):
+        asyncio.run(verifiers_env(task, {}))
+    with pytest.raises(ValueError, match="harness.options.sampling=.* must be a mapping"):
+        check_options({"sampling": ["top_p"]})
+    with pytest.raises(ValueError, match="harness.options.timeout_s must be > 0"):
+        check_options({"timeout_s": 0})

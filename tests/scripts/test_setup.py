@@ -139,7 +139,7 @@ def test_a_cpu_machine_installs_the_cpu_build_and_a_rerun_is_a_no_op(tmp_path):
     assert first.returncode == 0, first.stderr
     installs = m.pip_installs()
     assert installs[0].endswith("install --progress-bar off torch==2.13.0"), installs
-    assert any(c.endswith("-e .[cpu,test,agents]") for c in installs) and not any("[gpu" in c for c in installs)
+    assert any(c.endswith("-e .[cpu,test,agents,envs]") for c in installs) and not any("[gpu" in c for c in installs)
     assert (m.venv / ".tracerl-installed").read_text().startswith("cpu ")
     calls = m.calls()
     again = m.run()
@@ -167,7 +167,7 @@ def test_a_driver_older_than_the_pinned_torchs_cuda_needs_is_refused_by_name(tmp
         assert allowed.returncode == 0 and "is not compared with" in allowed.stderr
     else:
         assert run.returncode == 0, run.stderr
-        assert any(c.endswith("-e .[gpu,test,agents]") for c in m.pip_installs())
+        assert any(c.endswith("-e .[gpu,test,agents,envs]") for c in m.pip_installs())
 
 
 def test_a_gpu_install_without_nvidia_smi_leaves_the_driver_to_run_time(tmp_path):
@@ -176,7 +176,7 @@ def test_a_gpu_install_without_nvidia_smi_leaves_the_driver_to_run_time(tmp_path
     run = m.run(TRACERL_DEVICE="gpu")
     assert run.returncode == 0, run.stderr
     assert "no nvidia-smi here, so the NVIDIA driver" in run.stderr
-    assert any(c.endswith("-e .[gpu,test,agents]") for c in m.pip_installs())
+    assert any(c.endswith("-e .[gpu,test,agents,envs]") for c in m.pip_installs())
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_a_device_switch_makes_the_venv_anew(tmp_path, had, mixed, gpus, device,
     assert run.returncode == 0, run.stderr
     want = device or ("gpu" if gpus else "cpu")
     assert (m.venv / ".tracerl-installed").read_text().startswith(f"{want} ")
-    assert any(c.endswith(f"-e .[{want},test,agents]") for c in m.pip_installs())
+    assert any(c.endswith(f"-e .[{want},test,agents,envs]") for c in m.pip_installs())
     assert marker.exists() is not rebuilt
     assert any(c.endswith(f"-m venv {m.venv}") for c in m.calls()) is rebuilt
     if rebuilt:
@@ -259,7 +259,7 @@ def test_the_test_venv_is_a_cpu_install_beside_a_gpu_machines_venv(tmp_path, gpu
     assert (want / ".tracerl-installed").read_text().startswith("cpu ")
     installs = m.pip_installs()
     assert installs and all(c.startswith(f"{want}/bin/python -m pip install") for c in installs), installs
-    assert any(c.endswith("-e .[cpu,test,agents]") for c in installs) and not any("[gpu" in c for c in installs)
+    assert any(c.endswith("-e .[cpu,test,agents,envs]") for c in installs) and not any("[gpu" in c for c in installs)
     if gpus:
         assert marker.exists() and (m.venv / ".tracerl-installed").read_text().startswith("gpu ")
 

@@ -19,7 +19,7 @@ RESULTS = ROOT / "docs" / "results"
 def test_the_committed_page_matches_its_files(capsys):
     main([])  # exits 1 on a difference
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {"relay_pilot", "relay_runs", "relay_controls"} <= set(summary["tables"]) and summary["differ"] == []
+    assert {"runs", "relay_pilot", "relay_runs", "relay_controls"} <= set(summary["tables"]) and summary["differ"] == []
 
 
 def test_a_number_changed_on_the_page_fails_naming_its_table_and_write_restores_it(tmp_path, capsys):
@@ -59,3 +59,14 @@ def test_only_finished_runs_are_reported(tmp_path):
     status.write_text(json.dumps({**json.loads(status.read_text()), "state": "running"}))
     page, _ = check("<!-- results_check: relay_runs -->\n<!-- /results_check -->\n", tmp_path)
     assert "| team_shared | 1 |" in page and "| team_lora |" not in page, page
+
+
+def test_a_published_run_whose_summary_disagrees_with_its_items_is_refused(tmp_path):
+    [run] = [p.parent for p in RESULTS.glob("verifiers_arith_*/run.json")]
+    shutil.copytree(run, tmp_path / run.name)
+    page, _ = check("<!-- results_check: runs -->\n<!-- /results_check -->\n", tmp_path)
+    assert f"| {run.name} |" in page and "0.422 → 0.719 | 21 / 2, p = 6.6e-05" in page, page
+    summary = tmp_path / run.name / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "final_eval_reward": 0.75}))
+    with pytest.raises(ValueError, match=f"{run.name}/summary.json: final_eval_reward 0.75, its items 0.7188"):
+        check("<!-- results_check: runs -->\n<!-- /results_check -->\n", tmp_path)

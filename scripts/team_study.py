@@ -612,7 +612,7 @@ def analyze(results: Path, arms: list[str], seeds: list[int]) -> dict:
         # the untrained models are the same in every seed and team arm (greedy; LoRA adapters start at zero):
         # one pair of evaluations, the first seed's
         "harness_untrained": contrast_family(
-            {"team_vs_single_agent_untrained": (firsts.get(SINGLE, {}), firsts[team[0]] if team else {})},
+            {"untrained_team_vs_untrained_single_agent": (firsts.get(SINGLE, {}), firsts[team[0]] if team else {})},
             seeds[:1],
             RESAMPLES,
         ),
@@ -665,13 +665,15 @@ def contrasts_md(caption: str, fam: dict) -> list[str]:
         for name, c in fam.items()
         for s, t in c["run_vs_run"].items()
     ]
+    few = " (fewer than 2 seeds: no test over seeds, and the CI resamples items only)"
+    few = few if all(c["p"] is None for c in fam.values()) else ""
     return [
         f"{caption} Over seeds: mean difference, paired t over seeds, two-level bootstrap CI, Holm over the "
-        f"{len(fam)} contrasts:",
+        f"{len(fam)} contrast(s){few}:",
         "",
         *md_table(CONTRAST_HEAD, contrast_rows(fam)),
         f"The same, per seed, run vs run (exact sign test over the items of two training runs or evaluations; "
-        f"it says nothing about the arms, whose seed variance it ignores); Holm over the {len(per_seed)} tests:",
+        f"it says nothing about the arms, whose seed variance it ignores); Holm over the {len(per_seed)} test(s):",
         "",
         *md_table(["contrast (run vs run)", "seed", "better / worse", "p", "Holm p"], per_seed),
     ]

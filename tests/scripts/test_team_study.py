@@ -313,12 +313,14 @@ def test_the_analysis_contrasts_each_team_arm_with_the_controls_over_seeds_and_r
     assert (run_vs_run["better"], run_vs_run["worse"]) == (4, 0) and run_vs_run["p_holm"] >= run_vs_run["p"]
     assert a["secondary"]["transplant_vs_single_agent"]["per_seed_points"] == {"1": -5.0, "2": -5.0, "3": -5.0}
     assert a["training"]["team_shared_after_vs_before"]["mean_points"] == 30.0
-    assert a["harness_untrained"]["team_vs_single_agent_untrained"]["seeds"] == [1]  # the same untrained models
+    assert a["harness_untrained"]["untrained_team_vs_untrained_single_agent"]["seeds"] == [
+        1
+    ]  # the same untrained models
     team = [e for e in a["team_evals"] if e["condition"] == "team_shared" and e["step"] == 8]
     assert len(team) == 3 and all(sum(sum(d.values()) for d in e["confusion"].values()) == 20 for e in team)
     assert [e["condition"] for e in a["team_evals"] if e["step"] is None] == ["transplant"] * 3  # not the vote
     text = report([], a)
-    assert "run vs run" in text and "Holm over the 3 contrasts" in text and "Holm over the 9 tests" in text
+    assert "run vs run" in text and "Holm over the 3 contrast(s):" in text and "Holm over the 9 test(s):" in text
     assert "| team_shared - vote | 3 | 5.0 |" in text and "| 2 | team_shared | 40.0 / 10.0 | 4 | 4 |" in text
 
 

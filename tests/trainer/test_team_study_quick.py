@@ -77,7 +77,7 @@ def check_analysis(a: dict) -> None:
     assert {"transplant_vs_single_agent", "team_lora_swap_vs_team_lora", "team_full_swap_vs_team_full"} <= set(
         a["secondary"]
     )
-    assert a["harness_untrained"]["team_vs_single_agent_untrained"]["seeds"] == [1], a["harness_untrained"]
+    assert a["harness_untrained"]["untrained_team_vs_untrained_single_agent"]["seeds"] == [1], a["harness_untrained"]
     evals = {(e["condition"], e["step"]): e for e in a["team_evals"]}
     expected = {(arm, step) for arm in TEAM for step in (0, 2)}
     expected |= {("transplant", None), ("team_lora_swap", None), ("team_full_swap", None)}

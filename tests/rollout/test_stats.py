@@ -58,3 +58,17 @@ def test_trace_metrics_count_gateway_calls_only_for_gateway_runs():
     ts[1].info.update(gateway_extended=0, gateway_fresh=2)
     m = trace_metrics(ts, "rollout")
     assert m["rollout/gateway_extended"] == 3.0 and m["rollout/gateway_fresh"] == 3.0
+
+
+def test_a_harness_info_metrics_are_averaged_over_the_traces_that_have_each():
+    """A game's `win_vs_random` counts only games against the random player; flags are no numbers."""
+    ts = [trace(1.0), trace(0.0), trace(0.5), trace(0.0)]
+    ts[0].info["metrics"] = {"win_vs_random": 1.0, "illegal_rate": 0.5, "random": True}
+    ts[1].info["metrics"] = {"win_vs_random": 0.0, "illegal_rate": 0.0}
+    ts[2].info["metrics"] = {"win_vs_frozen": 1, "illegal_rate": 0.25, "note": "x"}
+    m = trace_metrics(ts, "eval")
+    assert {k: v for k, v in m.items() if "/info/" in k} == {
+        "eval/info/illegal_rate": 0.25,
+        "eval/info/win_vs_frozen": 1.0,
+        "eval/info/win_vs_random": 0.5,
+    }

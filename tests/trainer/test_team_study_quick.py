@@ -28,7 +28,10 @@ from trainer.results import read_condition
 pytestmark = pytest.mark.e2e
 
 OUT = Path(tempfile.gettempdir()) / f"tracerl-team-study-quick-{os.getpid()}"
-DEADLINE_S = 1200  # at nice 10 beside the suite (alone: ~4 min)
+# at nice 10 beside the suite (alone: ~4 min; 600 s in the lane with other sessions' jobs on the box, 2026-12-06).
+# The controls cost less than before the per-item rewrite: the seats and the vote no longer evaluate the
+# untrained model again, which pays for the transplant (those evaluate.py calls: 112 s -> 86 s, load < 5)
+DEADLINE_S = 1200
 # one arm per code path: team_shared and credit_global are credit_per_agent's run with other
 # advantage flags, selfplay is selfplay_no_role_baseline's (named as an arm: `selfplay` alone is
 # the question, both self-play arms)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import signal
 import statistics
@@ -78,6 +77,7 @@ from trainer.contrasts import (
     step_rows,
     step_table,
     table,
+    token_matched_k,
 )
 from trainer.jobs import eval_steps, provenance, run_script
 from trainer.metrics import write_atomic
@@ -301,11 +301,8 @@ class Run:
 
 def vote_k(team_lora: list[dict], single: list[dict]) -> tuple[int, float, float]:
     """k_s = max(1, round(T_C / T_A)) (a half rounds up), with T_C and T_A the mean generated tokens
-    per story of C's and A's last evaluations; (k_s, T_C, T_A)."""
-    t_c, t_a = (statistics.fmean(r["tokens"] for r in recs) for recs in (team_lora, single))
-    if t_a == 0:
-        raise ValueError("the single agent's last evaluation generated no tokens: k_s = T_C / T_A is undefined")
-    return max(1, math.floor(t_c / t_a + 0.5)), t_c, t_a
+    per story of C's and A's last evaluations; (k_s, T_C, T_A): trainer.contrasts.token_matched_k."""
+    return token_matched_k(team_lora, single)
 
 
 @dataclass

@@ -11,33 +11,18 @@ tracerl (harnesses/programs/openai_agent.py, docs/openai_agents.md):
 
 from __future__ import annotations
 
-import ast
-import operator
-
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
 from openai import AsyncOpenAI
 
-OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+from examples.calculator_agent import calculator as evaluate  # the hardened evaluator: model text never raises
+
 MAX_TURNS = 4
-
-
-def _value(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in OPS:
-        return OPS[type(node.op)](_value(node.left), _value(node.right))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_value(node.operand)
-    raise ValueError("only numbers, + - * / and parentheses")
 
 
 @function_tool
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression with + - * / and parentheses."""
-    try:
-        return str(_value(ast.parse(expression[:200], mode="eval").body))
-    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as e:
-        return f"error: {e}"
+    return evaluate(expression)
 
 
 async def agent(task, base_url: str, api_key: str) -> str:

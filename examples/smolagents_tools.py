@@ -14,15 +14,14 @@ tracerl (harnesses/programs/openai_agent.py, docs/frameworks.md):
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import importlib.resources
-import operator
 
 import yaml
 from smolagents import LogLevel, OpenAIModel, ToolCallingAgent, tool
 
-OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+from examples.calculator_agent import calculator as evaluate  # the hardened evaluator: model text never raises
+
 MAX_STEPS = 2  # tool-calling steps; past them smolagents asks the model once more for a final answer
 # smolagents' own prompts with a short system prompt: its default (about 1,000 SmolLM2 tokens of
 # examples with notional tools) would take half of a small model's 2,048-token context
@@ -33,16 +32,6 @@ PROMPTS["system_prompt"] = (
 )
 
 
-def _value(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in OPS:
-        return OPS[type(node.op)](_value(node.left), _value(node.right))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_value(node.operand)
-    raise ValueError("only numbers, + - * / and parentheses")
-
-
 @tool
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression with + - * / and parentheses.
@@ -50,10 +39,7 @@ def calculator(expression: str) -> str:
     Args:
         expression: the expression, e.g. "3 * (4 + 5)".
     """
-    try:
-        return str(_value(ast.parse(expression[:200], mode="eval").body))
-    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as e:
-        return f"error: {e}"
+    return evaluate(expression)
 
 
 def solve(question: str, base_url: str, api_key: str) -> str:

@@ -2,7 +2,8 @@
 
 DESIGN invariant 9: a shipped task's verifier pays 0 for every entry and 1 for its gold answers
 (tests/harnesses/test_reward_hacks.py; `scripts/bench/reward_hacks.py` prints the table). The
-targets are every shipped task (conf/task/*.yaml but `file`, plus puzzle24) and every built-in
+targets are every shipped task (conf/task/*.yaml but `file` and the games and environments whose
+own code pays, NOT_OURS; plus puzzle24) and every built-in
 verifier of file tasks (`verifier=<name>`, over the items in VERIFIER_ROWS). Each `Hack` says
 which items it fits (`pick`; the first that fits is used), builds the model's whole output for
 one, and names the reason it must score 0: a piece of the scoring note that refuses it
@@ -37,9 +38,18 @@ from harnesses.verifiers.registry import BUILT_IN
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every task preset but `file` (its verifiers are VERIFIERS), `digits` (the smoke test's synthetic
-# task) and those extending another (`defaults:`: the same source with other params), plus puzzle24.
+# task), those extending another (`defaults:`: the same source with other params) and those whose
+# reward no text score of ours gives (NOT_OURS), plus puzzle24.
+NOT_OURS = {
+    # TextArena's games: the game decides, and its env refuses an illegal move (tests/harnesses/test_textarena.py)
+    "textarena",
+    # an installed verifiers environment: its own rubric pays (the environment's author vouches for it)
+    "verifiers",
+}
 TASKS = sorted(
-    {p.stem for p in (ROOT / "conf" / "task").glob("*.yaml") if "defaults:" not in p.read_text()} - {"file", "digits"}
+    {p.stem for p in (ROOT / "conf" / "task").glob("*.yaml") if "defaults:" not in p.read_text()}
+    - {"file", "digits"}
+    - NOT_OURS
     | {"puzzle24"}
 )
 VERIFIERS = [f"verifier={name}" for name in sorted(BUILT_IN)]

@@ -47,7 +47,35 @@ def _grad_norm(params) -> float:
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
-def free_port() -> int:
+# Rendezvous ports come from below the kernel's ephemeral range and above Ray's worker ports
+# (10002-19999): a port found by binding port 0 is the kind the next process to bind port 0 (a
+# gateway's or Ray's HTTP server) may be handed before the TCPStore listens on it, which a test run
+# saw (EADDRINUSE on rank 0, rank 1 pinging an HTTP server).
+RENDEZVOUS_PORTS = (20000, 32767)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for port-0 binds (Linux's default where /proc does not say)."""
+    try:
+        lo, hi = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(tries: int = 64) -> int:
+    """A port this node can listen on for a rendezvous, drawn at random from RENDEZVOUS_PORTS below
+    the ephemeral range; a bound port 0 only if none of `tries` draws is free."""
+    import random
+
+    lo, hi = RENDEZVOUS_PORTS[0], min(RENDEZVOUS_PORTS[1], ephemeral_ports()[0] - 1)
+    for port in random.Random().sample(range(lo, hi + 1), min(tries, max(hi - lo + 1, 0))):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]

@@ -88,3 +88,20 @@ def test_the_learner_group_starts_its_ranks_with_that_environment(monkeypatch, c
     assert "start with PYTORCH_CUDA_ALLOC_CONF='', not 'expandable_segments:True'" in caplog.text
     cpu = SimpleNamespace(cfg=compose("train", ["experiment=smoke", "cluster=local"]).learner, name="main")
     assert LearnerGroup._runtime_env(cpu) == {}, "CPU ranks keep Ray's pooled workers"
+
+
+def test_a_rendezvous_port_is_free_and_outside_the_ports_port_0_hands_out():
+    """Ports from binding port 0 can go to the next port-0 bind (an HTTP server) before the
+    TCPStore listens: the rendezvous draws below the ephemeral range, and skips a port in use."""
+    import socket
+
+    from trainer.learner import RENDEZVOUS_PORTS, ephemeral_ports, free_port
+
+    lo, _ = ephemeral_ports()
+    ports = {free_port() for _ in range(20)}
+    assert all(RENDEZVOUS_PORTS[0] <= p <= RENDEZVOUS_PORTS[1] and p < lo for p in ports), ports
+    assert len(ports) > 1  # drawn, not a fixed port two runs would share
+    with socket.socket() as held:
+        held.bind(("", min(ports)))
+        held.listen()
+        assert all(free_port() != min(ports) for _ in range(50))

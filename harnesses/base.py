@@ -485,3 +485,15 @@ def load_task_source(target: str) -> type[TaskSource]:
     if not (inspect.isclass(cls) and issubclass(cls, TaskSource)):
         raise ValueError(f"task._target_={target!r} is not a TaskSource subclass (harnesses/base.py)")
     return cls
+
+
+def option_role(agents: Agents, role: str | None, which: str) -> str:
+    """`harness.options.role`: the run's one role when unset (else an error asking for `which`, the
+    role's job), or the named role if the run has it."""
+    if role is None:
+        if len(agents) != 1:
+            raise ValueError(f"harness.options.role: the run has roles {sorted(agents)}; name the one {which}")
+        return next(iter(agents))
+    if role not in agents:
+        raise ValueError(f"harness.options.role={role!r} is not a role of this run: {sorted(agents)}")
+    return role

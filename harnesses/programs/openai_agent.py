@@ -58,7 +58,7 @@ import shlex
 import signal
 import sys
 
-from harnesses.base import Agents, HarnessResult, Task, load_object, register_options_check
+from harnesses.base import Agents, HarnessResult, Task, load_object, option_role, register_options_check
 
 # The worker's variables a command agent sees (plus LC_* and the names in harness.options.env).
 ENV_ALLOWED = ("PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV")
@@ -77,7 +77,10 @@ async def openai_agent(
     agent_reward: bool = False,
     url: str = "role",
 ) -> HarnessResult:
-    role = _role(agents, role) if url == "role" else role or next(iter(agents))
+    if url == "role":
+        role = option_role(agents, role, "whose URL is the agent's OPENAI_BASE_URL")
+    else:
+        role = role or next(iter(agents))
     gateway = await agents[role].gateway()  # the worker's endpoint, handed in with the agents
     # a dict, as Gateway.session takes: a harness gets its agents as a read-only Mapping
     with gateway.session(dict(agents), agent_reward=agent_reward) as session:
@@ -131,19 +134,6 @@ def agent_env(own: dict[str, str], names=()) -> dict[str, str]:
 def _agent_function(path: str):
     """The agent function at `path`, imported once per worker process."""
     return load_object(path, "harness.options.agent")
-
-
-def _role(agents: Agents, role: str | None) -> str:
-    if role is None:
-        if len(agents) != 1:
-            raise ValueError(
-                f"harness.options.role: the run has roles {sorted(agents)}; name the one whose "
-                f"URL is the agent's OPENAI_BASE_URL"
-            )
-        return next(iter(agents))
-    if role not in agents:
-        raise ValueError(f"harness.options.role={role!r} is not a role of this run: {sorted(agents)}")
-    return role
 
 
 def check_options(options: dict) -> None:

@@ -30,7 +30,7 @@ import copy
 import functools
 from typing import Any
 
-from harnesses.base import Agents, HarnessResult, Task, register_options_check
+from harnesses.base import Agents, HarnessResult, Task, option_role, register_options_check
 from harnesses.tasks.verifiers_env import VerifiersTask, load_env
 
 # verifiers' errors that are the model's doing (an empty or malformed reply): the rollout ends and is
@@ -50,7 +50,7 @@ async def verifiers_env(
             f"harness verifiers_env runs a verifiers environment's rows: it needs task=verifiers "
             f"(harnesses/tasks/verifiers_env.py), not {type(task).__name__}"
         )
-    role = _role(agents, role)
+    role = option_role(agents, role, "that plays the environment")
     env = load_env(task.env_id, task.env_args)
     import verifiers as vf
     from openai import AsyncOpenAI
@@ -105,18 +105,6 @@ def _last_assistant(completion: Any) -> str:
                 )
             return content if isinstance(content, str) else ""
     return ""
-
-
-def _role(agents: Agents, role: str | None) -> str:
-    if role is None:
-        if len(agents) != 1:
-            raise ValueError(
-                f"harness.options.role: the run has roles {sorted(agents)}; name the one that plays the environment"
-            )
-        return next(iter(agents))
-    if role not in agents:
-        raise ValueError(f"harness.options.role={role!r} is not a role of this run: {sorted(agents)}")
-    return role
 
 
 def check_options(options: dict) -> None:

@@ -2,9 +2,10 @@
 example in examples/ run by the openai_agent harness in this process against the shared engine
 (tiny model, its real tokenizer and chat template). The tiny model writes no tool call and no
 handoff, so these show that every request a framework sends is taken and recorded under the role
-its model names; a framework's tool and handoff paths need a model that calls them: the e2e test
-runs LangGraph's on SmolLM2-135M-Instruct (its own engine), which calls the tool after two worked
-examples. docs/frameworks.md says what each framework's resent history does to the counters."""
+its model names; a framework's tool and handoff paths need a model that calls them: the e2e tests
+run LangGraph's and the Agents SDK's on SmolLM2-135M-Instruct (one engine for the module), which
+calls the tool, and hands off, after two worked examples. docs/frameworks.md says what each
+framework's resent history does to the counters."""
 
 import asyncio
 
@@ -13,9 +14,10 @@ import pytest
 
 @pytest.mark.integration
 def test_an_agents_sdk_program_runs_unmodified_on_the_session_url(run_harness):
-    """examples/agents_sdk_handoff.py (openai-agents 0.24: the Responses API, streamed; a function
-    tool; a handoff) with harness.options.url=session: the run ends with the SDK's final output
-    scored by the task; every call is a trainable sequence of the role the SDK's model names."""
+    """examples/agents_sdk_handoff.py (openai-agents 0.24: the Responses API, not streamed by
+    Runner.run; a function tool; a handoff) with harness.options.url=session: the run ends with the
+    SDK's final output scored by the task; every call is a trainable sequence of the role the SDK's
+    model names."""
     from examples.agents_sdk_handoff import MAX_TURNS
 
     task, seqs, result = run_harness(
@@ -139,25 +141,70 @@ def test_what_a_framework_sends_by_default_that_the_learner_cannot_reproduce_fai
         )
 
 
+# ---- e2e: SmolLM2-135M-Instruct, which calls tools after worked examples ----------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(ray_cluster, engine_cfg):
+    """SmolLM2-135M-Instruct on an engine of its own (policy main) and its chat format, started once
+    for this module's e2e tests (a start costs ~25 s on the 2-core box)."""
+    import ray
+
+    from rollout.agents.client import ChatFormat
+    from rollout.config import ModelConfig
+    from rollout.models import resolve_model
+    from rollout.orchestration.cluster import spawn_engines
+
+    path = resolve_model("smollm2_135m")
+    [eng] = spawn_engines({"main": (path, ModelConfig(name="smollm2_135m"), engine_cfg)})["main"]
+    try:
+        yield eng, ChatFormat.from_pretrained(path)
+    finally:
+        ray.get(eng.shutdown.remote(), timeout=60)
+        ray.kill(eng)
+
+
+def greedily(smollm2, roles, program, deadline_s=300.0):
+    """`await program(base_url, api_key)` on a gateway session whose roles all sample SmolLM2
+    greedily (at most 48 tokens a call): its result, the session's counters, the trace's sequences."""
+    from rollout.agents.client import Agent, TraceRecorder
+    from rollout.agents.gateway import Gateway
+    from rollout.config import SamplingConfig
+    from rollout.orchestration.router import Router
+
+    eng, fmt = smollm2
+
+    async def main():
+        gateway = Gateway()
+        await gateway.start()
+        rec = TraceRecorder("e2e")
+        sampling = SamplingConfig(temperature=0.0, max_tokens=48)
+        agents = {r: Agent(r, "main", Router([eng]), fmt, rec, sampling) for r in roles}
+        try:
+            with gateway.session(agents) as s:
+                result = await asyncio.wait_for(program(s.base_url(), s.api_key), deadline_s)
+                return result, s.counts(), rec.sequences
+        finally:
+            await gateway.stop()
+
+    return asyncio.run(main())
+
+
+TOOL_TURN_391 = "\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"  # SmolLM2's template after a call
+
+
 @pytest.mark.e2e
-def test_a_langgraph_solver_calls_its_tool_and_its_resent_history_extends_token_exact(ray_cluster, engine_cfg):
+def test_a_langgraph_solver_calls_its_tool_and_its_resent_history_extends_token_exact(smollm2):
     """examples/langgraph_supervisor.py's graph on SmolLM2-135M-Instruct (greedy; the gateway's tool
     convention: its template renders no tools), invoked on a conversation with two worked calculator
     examples, as a LangGraph graph is invoked on a history: the solver calls the calculator, LangGraph
     runs it and resends the history with the tool's result, and that call continues the first one's
     ids token for token (one training row); the supervisor, which sees the workers' replies but never
     its own, is rendered fresh."""
-    import ray
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 
     from examples.calculator_agent import calculator
     from examples.langgraph_supervisor import MAX_CALLS, build_graph
-    from rollout.agents.client import Agent, ChatFormat, TraceRecorder
-    from rollout.agents.gateway import Gateway
-    from rollout.config import ModelConfig, SamplingConfig
-    from rollout.models import resolve_model
-    from rollout.orchestration.cluster import spawn_engines
-    from rollout.orchestration.router import Router
 
     def worked(k: int, expression: str) -> list:
         call = {"name": "calculator", "args": {"expression": expression}, "id": f"c{k}"}
@@ -170,28 +217,13 @@ def test_a_langgraph_solver_calls_its_tool_and_its_resent_history_extends_token_
         ]
 
     history = [*worked(1, "12 + 30"), *worked(2, "7 * 8"), HumanMessage("What is 17 * 23?")]
-    path = resolve_model("smollm2_135m")
-    [eng] = spawn_engines({"main": (path, ModelConfig(name="smollm2_135m"), engine_cfg)})["main"]
-    fmt = ChatFormat.from_pretrained(path)
 
-    async def main():
-        gateway = Gateway()
-        await gateway.start()
-        rec = TraceRecorder("langgraph")
-        sampling = SamplingConfig(temperature=0.0, max_tokens=48)
-        agents = {r: Agent(r, "main", Router([eng]), fmt, rec, sampling) for r in ("supervisor", "solver", "checker")}
-        try:
-            with gateway.session(agents) as s:
-                final = await build_graph(s.base_url(), s.api_key).ainvoke({"messages": history, "calls": 0})
-                return final["messages"][len(history) :], s.counts(), rec.sequences
-        finally:
-            await gateway.stop()
+    async def program(base_url: str, api_key: str) -> list:
+        final = await build_graph(base_url, api_key).ainvoke({"messages": history, "calls": 0})
+        return final["messages"][len(history) :]
 
-    try:
-        new, counts, seqs = asyncio.run(main())
-    finally:
-        ray.get(eng.shutdown.remote(), timeout=60)
-        ray.kill(eng)
+    new, counts, seqs = greedily(smollm2, ("supervisor", "solver", "checker"), program)
+    fmt = smollm2[1]
     trace = [(s.agent, s.parent, fmt.tok.decode(s.completion_ids)) for s in seqs]
     call, result = new[0], new[1]
     assert call.tool_calls[0]["name"] == "calculator" and isinstance(result, ToolMessage), trace
@@ -200,10 +232,86 @@ def test_a_langgraph_solver_calls_its_tool_and_its_resent_history_extends_token_
     assert first.agent == second.agent == "solver" and second.parent == 0, trace
     head = first.prompt_ids + first.completion_ids
     assert second.prompt_ids[: len(head)] == head
-    assert (
-        fmt.tok.decode(second.prompt_ids[len(head) :]) == "\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert fmt.tok.decode(second.prompt_ids[len(head) :]) == TOOL_TURN_391
     assert len(seqs) <= MAX_CALLS and all(s.parent is None for s in seqs if s.agent == "supervisor"), trace
     assert counts["gateway_tool_calls"] >= 1 and counts["gateway_extended"] >= 1, counts
     assert counts["gateway_extended"] == sum(s.parent is not None for s in seqs), (trace, counts)
     assert counts["gateway_fresh"] + counts["gateway_extended"] == len(seqs)
+
+
+def sdk_call(call_id: str, name: str, arguments: dict) -> list[dict]:
+    """A worked function call as Responses API input items: the call and its output (the calculator's
+    result; for the SDK's handoff tool, the SDK's transfer message)."""
+    import json
+
+    from examples.calculator_agent import calculator
+
+    output = calculator(arguments["expression"]) if name == "calculator" else json.dumps({"assistant": "checker"})
+    return [
+        {"type": "function_call", "call_id": call_id, "name": name, "arguments": json.dumps(arguments)},
+        {"type": "function_call_output", "call_id": call_id, "output": output},
+    ]
+
+
+@pytest.mark.e2e
+def test_an_agents_sdk_solver_calls_its_tool_then_hands_off_to_the_checker(smollm2):
+    """examples/agents_sdk_handoff.py's agents (build_agents) on SmolLM2-135M-Instruct (greedy), run
+    by the SDK's Runner on Responses API input items: two worked examples, each the question, a
+    calculator call and its output, a call of the SDK's handoff tool transfer_to_checker and its
+    output, and the checker's answer; then the question. The solver calls the calculator; the SDK
+    runs it and resends the whole conversation with the result, which continues the first call's ids
+    token-exact (one training row). The solver then calls transfer_to_checker: the SDK hands off and
+    sends the whole conversation again under the checker's instructions, with no tools, which no
+    earlier call of the checker's begins: the checker's call is rendered fresh, a row of its own.
+    Both calls (calculator and handoff) are tool calls to the gateway."""
+    from agents import RunConfig, Runner
+    from openai import AsyncOpenAI
+
+    from examples.agents_sdk_handoff import CHECKER, MAX_TURNS, build_agents
+    from rollout.trace import prefix_chains
+
+    def worked(k: int, expression: str, answer: str) -> list[dict]:
+        return [
+            {"role": "user", "content": f"What is {expression}?"},
+            *sdk_call(f"c{k}", "calculator", {"expression": expression}),
+            *sdk_call(f"h{k}", "transfer_to_checker", {}),
+            {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+        ]
+
+    history = [*worked(1, "12 + 30", "42"), *worked(2, "7 * 8", "56"), {"role": "user", "content": "What is 17 * 23?"}]
+
+    async def program(base_url: str, api_key: str):
+        client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        run_config = RunConfig(tracing_disabled=True)  # as the example's agent() runs it
+        return await Runner.run(build_agents(client), history, max_turns=MAX_TURNS, run_config=run_config)
+
+    result, counts, seqs = greedily(smollm2, ("solver", "checker"), program)
+    fmt = smollm2[1]
+    trace = [(s.agent, s.parent, fmt.tok.decode(s.completion_ids)) for s in seqs]
+    # what the SDK did: ran the calculator, handed off, and the checker answered
+    new = [item.to_input_item() for item in result.new_items]
+    kinds = [(i.get("type"), i.get("name")) for i in new]
+    assert kinds == [
+        ("function_call", "calculator"),
+        ("function_call_output", None),
+        ("function_call", "transfer_to_checker"),
+        ("function_call_output", None),
+        ("message", None),
+    ], (kinds, trace)
+    assert new[1]["output"] == "391" and result.last_agent.name == "checker", (new, trace)
+    assert result.final_output == "<answer>391</answer>", trace
+    # every call a trainable sequence of its role, on the one policy
+    assert [s.agent for s in seqs] == ["solver", "solver", "checker"], trace
+    assert all(s.policy == "main" and s.trainable for s in seqs), trace
+    # the call after the calculator's: the first call's prompt + completion + the tool turn with its result
+    first, second, checker = seqs
+    head = first.prompt_ids + first.completion_ids
+    assert second.parent == 0 and second.prompt_ids[: len(head)] == head, trace
+    assert fmt.tok.decode(second.prompt_ids[len(head) :]) == TOOL_TURN_391
+    # the checker's: the whole conversation, handoff included, rendered fresh under its instructions
+    prompt = fmt.tok.decode(checker.prompt_ids)
+    assert checker.parent is None and prompt.startswith(f"<|im_start|>system\n{CHECKER}<|im_end|>\n"), prompt
+    assert prompt.endswith('<|im_start|>tool\n{"assistant": "checker"}<|im_end|>\n<|im_start|>assistant\n'), prompt
+    # the counters, and the learner's rows: the solver's two calls merge, the checker's stands alone
+    assert counts == {"gateway_tool_calls": 2, "gateway_extended": 1, "gateway_fresh": 2}, counts
+    assert prefix_chains(seqs) == [[0, 1], [2]], trace

@@ -12,6 +12,8 @@ tracerl (harnesses/programs/openai_agent.py, docs/frameworks.md):
 
 from __future__ import annotations
 
+import json
+
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool
 from openai import AsyncOpenAI
 
@@ -41,8 +43,42 @@ def build_agents(client: AsyncOpenAI) -> Agent:
     )
 
 
-async def agent(task, base_url: str, api_key: str) -> str:
+def worked_call(call_id: str, name: str, arguments: dict) -> list[dict]:
+    """A function call and its output as Responses API input items: the calculator's result, or for
+    the SDK's handoff tool (transfer_to_checker) the SDK's transfer message."""
+    output = evaluate(arguments["expression"]) if name == "calculator" else json.dumps({"assistant": "checker"})
+    return [
+        {"type": "function_call", "call_id": call_id, "name": name, "arguments": json.dumps(arguments)},
+        {"type": "function_call_output", "call_id": call_id, "output": output},
+    ]
+
+
+def worked(k: int, expression: str) -> list[dict]:
+    """One worked example: the question, a calculator call, a handoff, and the checker's answer."""
+    return [
+        {"role": "user", "content": f"What is {expression}?"},
+        *worked_call(f"c{k}", "calculator", {"expression": expression}),
+        *worked_call(f"h{k}", "transfer_to_checker", {}),
+        {"role": "assistant", "content": f"<answer>{evaluate(expression)}</answer>"},
+    ]
+
+
+# Two worked examples: what makes a small model (SmolLM2-135M) use the tool and the handoff.
+EXAMPLES = [*worked(1, "12 + 30"), *worked(2, "7 * 8")]
+
+
+async def run(items: str | list[dict], base_url: str, api_key: str):
+    """The solver on `items` (a question, or Responses API input items), at most MAX_TURNS calls."""
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     run_config = RunConfig(tracing_disabled=True)  # the SDK's tracing uploads to OpenAI
-    result = await Runner.run(build_agents(client), task.prompt, max_turns=MAX_TURNS, run_config=run_config)
-    return str(result.final_output)
+    return await Runner.run(build_agents(client), items, max_turns=MAX_TURNS, run_config=run_config)
+
+
+async def agent(task, base_url: str, api_key: str) -> str:
+    return str((await run(task.prompt, base_url, api_key)).final_output)
+
+
+async def agent_with_examples(task, base_url: str, api_key: str) -> str:
+    """`agent` after the two worked EXAMPLES (harness.options.agent=examples.agents_sdk_handoff.agent_with_examples)."""
+    items = [*EXAMPLES, {"role": "user", "content": task.prompt}]
+    return str((await run(items, base_url, api_key)).final_output)

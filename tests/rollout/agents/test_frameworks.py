@@ -239,24 +239,10 @@ def test_a_langgraph_solver_calls_its_tool_and_its_resent_history_extends_token_
     assert counts["gateway_fresh"] + counts["gateway_extended"] == len(seqs)
 
 
-def sdk_call(call_id: str, name: str, arguments: dict) -> list[dict]:
-    """A worked function call as Responses API input items: the call and its output (the calculator's
-    result; for the SDK's handoff tool, the SDK's transfer message)."""
-    import json
-
-    from examples.calculator_agent import calculator
-
-    output = calculator(arguments["expression"]) if name == "calculator" else json.dumps({"assistant": "checker"})
-    return [
-        {"type": "function_call", "call_id": call_id, "name": name, "arguments": json.dumps(arguments)},
-        {"type": "function_call_output", "call_id": call_id, "output": output},
-    ]
-
-
 @pytest.mark.e2e
 def test_an_agents_sdk_solver_calls_its_tool_then_hands_off_to_the_checker(smollm2):
-    """examples/agents_sdk_handoff.py's agents (build_agents) on SmolLM2-135M-Instruct (greedy), run
-    by the SDK's Runner on Responses API input items: two worked examples, each the question, a
+    """examples/agents_sdk_handoff.py's agents (its `run`, as agent_with_examples) on SmolLM2 (greedy), run
+    by the SDK's Runner on Responses API input items: its two worked EXAMPLES, each the question, a
     calculator call and its output, a call of the SDK's handoff tool transfer_to_checker and its
     output, and the checker's answer; then the question. The solver calls the calculator; the SDK
     runs it and resends the whole conversation with the result, which continues the first call's ids
@@ -264,26 +250,13 @@ def test_an_agents_sdk_solver_calls_its_tool_then_hands_off_to_the_checker(smoll
     sends the whole conversation again under the checker's instructions, with no tools, which no
     earlier call of the checker's begins: the checker's call is rendered fresh, a row of its own.
     Both calls (calculator and handoff) are tool calls to the gateway."""
-    from agents import RunConfig, Runner
-    from openai import AsyncOpenAI
-
-    from examples.agents_sdk_handoff import CHECKER, MAX_TURNS, build_agents
+    from examples.agents_sdk_handoff import CHECKER, EXAMPLES, run
     from rollout.trace import prefix_chains
 
-    def worked(k: int, expression: str, answer: str) -> list[dict]:
-        return [
-            {"role": "user", "content": f"What is {expression}?"},
-            *sdk_call(f"c{k}", "calculator", {"expression": expression}),
-            *sdk_call(f"h{k}", "transfer_to_checker", {}),
-            {"role": "assistant", "content": f"<answer>{answer}</answer>"},
-        ]
-
-    history = [*worked(1, "12 + 30", "42"), *worked(2, "7 * 8", "56"), {"role": "user", "content": "What is 17 * 23?"}]
+    history = [*EXAMPLES, {"role": "user", "content": "What is 17 * 23?"}]
 
     async def program(base_url: str, api_key: str):
-        client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        run_config = RunConfig(tracing_disabled=True)  # as the example's agent() runs it
-        return await Runner.run(build_agents(client), history, max_turns=MAX_TURNS, run_config=run_config)
+        return await run(history, base_url, api_key)  # as the example's agent_with_examples runs it
 
     result, counts, seqs = greedily(smollm2, ("solver", "checker"), program)
     fmt = smollm2[1]

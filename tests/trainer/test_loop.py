@@ -81,7 +81,9 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
     assert len(kept) == 2 * 8 and len({g[0].group for g in kept}) == 16 and all(len(g) == 8 for g in kept)
     assert checkpoint.load_rollouts(checkpoint.step_dir(straight, 20)) == []
     # that checkpoint alone, in a new run dir: scripts/train.py resumes from it and is SIGKILLed
-    # once it has trained step 11; the same command resumes again and runs to the end
+    # once it has trained step 11; it runs for 20 steps, as the straight run, so its next checkpoint
+    # is 9 steps past the kill (with 12, a test starved of CPU once polled too late: the run had
+    # saved its last step); the same command with 12 steps resumes again and runs to the end
     shutil.copytree(checkpoint.step_dir(straight, 10), checkpoint.step_dir(resumed, 10))
     common = [
         "experiment=smoke",
@@ -93,7 +95,7 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
         f"run_dir={resumed}",
     ]
     driver = subprocess.Popen(
-        [sys.executable, "scripts/train.py", *common],
+        [sys.executable, "scripts/train.py", *[a.replace("steps=12", "steps=20") for a in common]],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -13,6 +13,7 @@ started (never `ray stop`: it stops every Ray on the machine).
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -132,13 +133,18 @@ def auth_mode(url: str, timeout_s: float = 120.0) -> str:
             time.sleep(1)  # an external process coming up: nothing to block on
 
 
+# what a job submission prints when the head's job agent is not up yet or dropped the connection
+TRANSIENT = re.compile(r"No available agent to submit job|RemoteDisconnected|Connection aborted|Connection refused")
+
+
 def ray_job(args: list[str], url: str, env: dict) -> subprocess.CompletedProcess:
-    """`ray job ...` against the head, retried while its job agent is still starting."""
+    """`ray job ...` against the head, retried while its job agent is still starting (or dropped the
+    connection: a starved box, 2026-12-06)."""
     for _ in range(24):
         proc = subprocess.run(
             [RAY, "job", *args[:1], "--address", url, *args[1:]], env=env, capture_output=True, text=True, timeout=300
         )
-        if "No available agent to submit job" not in proc.stderr:
+        if not TRANSIENT.search(proc.stdout + proc.stderr):
             return proc
         time.sleep(5)
     return proc

@@ -63,9 +63,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--k {args.k} --samples {args.samples}: need 1 <= k <= samples")
     if args.out.suffix != ".json":
         parser.error(f"--out {args.out}: a .json file (the traces and pages are written beside it)")
-    bad = [o for o in args.overrides if "=" not in o]
+    bad = [o for o in args.overrides if "=" not in o and not o.startswith("~")]  # ~key: hydra's deletion
     if bad:
-        parser.error(f"{bad[0]!r} is neither a flag nor a hydra override (key=value)")
+        parser.error(f"{bad[0]!r} is neither a flag nor a hydra override (key=value, ~key)")
     return args
 
 

@@ -96,6 +96,7 @@ def test_only_trained_policies_change_weights(tmp_path):
         (["eval.size=0"], "eval.size=0: nothing to evaluate"),
         (["eval.size=99"], "eval.size=99 is more than the task's held-out set"),
         (["trainer.stepz=1"], "Could not override 'trainer.stepz'"),
+        (["eval"], "'eval' is neither a flag nor a hydra override (key=value, ~key)"),
     ],
 )
 def test_bad_arguments_fail_before_ray_starts(args, message, capsys):
@@ -106,6 +107,15 @@ def test_bad_arguments_fail_before_ray_starts(args, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.unit
+def test_hydras_deletion_override_is_taken():
+    """`~key` (docs/textarena.md drops the frozen opponent's role with `~agents.opponent`) is an
+    override, not an unknown argument."""
+    from scripts.evaluate import parse
+
+    assert parse(["experiment=smoke", "~agents.frozen", "--k", "2"]).overrides == ["experiment=smoke", "~agents.frozen"]
 
 
 @pytest.mark.e2e

@@ -1,8 +1,10 @@
 """scripts/team_study.py on the tiny model (`--quick`: 2 steps of 2 groups of 4, 8 held-out
-items, one seed), so that the presets and the script cannot rot: one arm per code path trains
-(QUICK_ARMS; the arms left out differ from one of them only in the advantage's flags, which
-tests/trainer/test_advantages.py covers, and every arm's preset composes and validates in
-tests/scripts/test_team_study.py), each kind of control runs (the single agent transplanted into
+items, one seed), so that the presets and the script cannot rot: one arm per kind of run trains
+(QUICK_ARMS: a team of two adapters, the single agent, self-play; the arms left out differ from one
+of them only in the preset's overrides (team_full: full weights, which tests/trainer/test_policies.py
+trains; team_shared and the credit arms: the advantage's flags, which tests/trainer/test_advantages.py
+covers), every arm's preset composes and validates in tests/scripts/test_team_study.py, and the
+script treats every arm and every swap alike: one of each costs a run's start, ~40 CPU-s), each kind of control runs (the single agent transplanted into
 the team, its vote matched in tokens (--quick: 2 samples), roles' weights swapped, the seats of a
 game), every evaluation's per-item files are written, and the analysis read from them (contrasts
 over seeds, run-vs-run sign tests with Holm, each team evaluation's revision, verdict confusion
@@ -32,10 +34,10 @@ OUT = Path(tempfile.gettempdir()) / f"tracerl-team-study-quick-{os.getpid()}"
 # The controls cost less than before the per-item rewrite: the seats and the vote no longer evaluate the
 # untrained model again, which pays for the transplant (those evaluate.py calls: 112 s -> 86 s, load < 5)
 DEADLINE_S = 1200
-# one arm per code path: team_shared and credit_global are credit_per_agent's run with other
-# advantage flags, selfplay is selfplay_no_role_baseline's (named as an arm: `selfplay` alone is
-# the question, both self-play arms)
-QUICK_ARMS = ("team_lora", "team_full", "single_agent", "credit_per_agent", "selfplay_no_role_baseline")
+# one arm per kind of run: the other team arms are team_lora's run with other preset overrides,
+# selfplay is selfplay_no_role_baseline's (named as an arm: `selfplay` alone is the question, both
+# self-play arms)
+QUICK_ARMS = ("team_lora", "single_agent", "selfplay_no_role_baseline")
 SELFPLAY = QUICK_ARMS[-1]
 
 
@@ -44,7 +46,7 @@ def lane_jobs() -> dict[str, tuple[list[str], float]]:
     return {"team_study": (args, DEADLINE_S)}
 
 
-TEAM = ("team_lora", "team_full", "credit_per_agent")  # the quick arms compared with the single agent
+TEAM = ("team_lora",)  # the quick arm compared with the single agent
 ITEMS = 8  # eval.size of --quick
 
 
@@ -56,7 +58,7 @@ def check_files(results: Path) -> None:
             assert len(recs) == ITEMS and meta["run_seed"] == run_seed(1, ARMS[arm].preset), meta
             assert all(("draft_score" in r) == ARMS[arm].team or r["failed"] for r in recs), arm
     controls = results / "controls" / "seed1"
-    for name in ("transplant", "vote_k2", "team_lora_swap", "team_full_swap"):
+    for name in ("transplant", "vote_k2", "team_lora_swap"):
         recs, meta = read_condition(controls, name)
         assert len(recs) == ITEMS and meta["seed"] == 1, name
     assert all("votes" in r for r in read_condition(controls, "vote_k2")[0])
@@ -77,13 +79,13 @@ def check_analysis(a: dict) -> None:
         assert c["seeds"] == [1] and c["p"] is None and c["ci_points"][0] <= c["mean_points"] <= c["ci_points"][1]
         t = c["run_vs_run"]["1"]
         assert t["better"] + t["worse"] <= ITEMS and t["p"] <= t["p_holm"] <= 1, (name, t)
-    assert {"transplant_vs_single_agent", "team_lora_swap_vs_team_lora", "team_full_swap_vs_team_full"} <= set(
+    assert {"transplant_vs_single_agent", "team_lora_swap_vs_team_lora"} <= set(
         a["secondary"]
     )
     assert a["harness_untrained"]["untrained_team_vs_untrained_single_agent"]["seeds"] == [1], a["harness_untrained"]
     evals = {(e["condition"], e["step"]): e for e in a["team_evals"]}
     expected = {(arm, step) for arm in TEAM for step in (0, 2)}
-    expected |= {("transplant", None), ("team_lora_swap", None), ("team_full_swap", None)}
+    expected |= {("transplant", None), ("team_lora_swap", None)}
     assert set(evals) == expected, sorted(evals, key=str)
     for e in evals.values():  # the confusion matrix holds every evaluated item once
         assert sum(n for d in e["confusion"].values() for n in d.values()) == e["items"] == ITEMS - e["failed"], e
@@ -99,7 +101,7 @@ def test_every_arm_trains_the_controls_run_and_the_analysis_reads_the_per_item_f
         summary = lane.result("team_study")
         assert summary["arms"] == list(QUICK_ARMS) and summary["runs"] == len(QUICK_ARMS), summary
         assert not summary["failed"] and set(QUICK_ARMS) < set(ARMS), summary
-        assert set(summary["controls"].values()) == {"done"} and len(summary["controls"]) == 6, summary
+        assert set(summary["controls"].values()) == {"done"} and len(summary["controls"]) == 5, summary
         rows = {r["arm"]: r for r in json.loads((OUT / "team_study.json").read_text())["runs"]}
         assert set(rows) == set(QUICK_ARMS)
         for name, r in rows.items():

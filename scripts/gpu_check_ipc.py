@@ -1,7 +1,8 @@
 """The weight group's same-device path (ipc) as production uses it, torch only (GPU review §6.2).
 
 Learner rank 0 and the engine workers are stood in for by processes (scripts/gpu_check_ipc_roles.py;
-multiprocessing spawn; on a GPU each masked to GPU 0 before CUDA starts, as Ray masks them) that open
+on a GPU spawned, each masked to GPU 0 before CUDA starts, as Ray masks them; on CPU forked from a
+server that imported torch once, see `child_context`) that open
 real WeightGroups (rollout/engine/weight_group.py). Every push carries new bytes (seeded by version, bucket and
 tensor), and the plan goes sender -> this process (unpickled and pickled again, never starting CUDA here, as
 Ray's driver relays it) -> bytes -> each member. One JSON line per case as it ends, each case under
@@ -46,7 +47,7 @@ from pathlib import Path
 import torch
 
 from rollout.engine.weight_group import offsets
-from scripts.gpu_check_ipc_roles import child, layout_of, nbytes_of
+from scripts.gpu_check_ipc_roles import child, child_context, layout_of, nbytes_of
 from trainer.weight_transport import choose_transports
 
 CASES = ("env", "hop", "retain", "members2", "reopen", "death", "vllm-like", "fit", "expandable", "big", "dupgpu")
@@ -61,7 +62,8 @@ SIZES = {  # MiB pushed and MiB a bucket: a SmolLM2-sized model on a GPU, a smal
 # ------------------------------------------------------------------------------------- the runner
 class environ:
     """Variables set in this process around a child's start (a spawned child inherits them before
-    torch loads in it: the allocator reads PYTORCH_CUDA_ALLOC_CONF then)."""
+    torch loads in it: the allocator reads PYTORCH_CUDA_ALLOC_CONF then). GPU cases only: a child
+    forked from the CPU form's server has the server's environment."""
 
     def __init__(self, **values: str):
         self.values, self.saved = values, {}
@@ -86,10 +88,13 @@ def proc(role: str, target: str, **spec) -> dict:
 
 
 def run(procs: list[dict], deadline_s: float) -> tuple[dict, str | None]:
-    """Start `procs` (spawned), relay plans between them through this process, and collect each
+    """Start `procs` (`child_context` of their device), relay plans between them through this process, and collect each
     one's result until all are in, one dies unexpectedly, or `deadline_s` passes (then all are
     killed). Returns (results by role, what went wrong or None)."""
-    ctx = mp.get_context("spawn")
+    device = procs[0]["spec"]["device"]
+    if device != "cuda" and any(p["env"] for p in procs):
+        raise ValueError(f"a child's own environment needs a spawned child (device cuda), not {device}")
+    ctx = child_context(device)
     outbox, inboxes, handles = ctx.Queue(), {p["role"]: ctx.Queue() for p in procs}, {}
     for p in procs:
         h = ctx.Process(target=child, args=(p["target"], p["spec"], inboxes[p["role"]], outbox), daemon=True)

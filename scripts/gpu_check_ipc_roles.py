@@ -1,13 +1,15 @@
 """The processes scripts/gpu_check_ipc.py starts, one role each: learner rank 0 (`sender`), an engine
 worker (`member`), a neighbour computing on the device (`load`), and the machine-level cases' own
-(`fit`, `nccl_pair`, `environment`). Each is `child(role's name, spec, inbox, outbox)` in a spawned
-process: it reports one result (or what it crashed with) on `outbox`; plans and "done" come on `inbox`.
+(`fit`, `nccl_pair`, `environment`). Each is `child(role's name, spec, inbox, outbox)` in a process
+of `child_context(device)`: it reports one result (or what it crashed with) on `outbox`; plans and
+"done" come on `inbox`.
 Torch and the weight push's two modules only (rollout/engine/weight_group.py, trainer/weight_transport.py),
 like the script.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import pickle
 import queue
@@ -327,6 +329,19 @@ def _triton_compiles(dev) -> str:
         return "ok" if bool((x == 1).all()) else "wrong result"
     except Exception as e:  # recorded, not raised: this case reports the machine
         return f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def child_context(device: str):
+    """How the check's child processes start. On a GPU, spawned: each a fresh interpreter that masks
+    its GPU and reads PYTORCH_CUDA_ALLOC_CONF (set around its start) before CUDA starts, as Ray's
+    workers do. On CPU, with no CUDA and no allocator settings to read, forked from a server that
+    imported torch and these modules once: a spawned child's `import torch` (~2.3 CPU-s) was nearly
+    all of what the CPU form cost (20 children in gpu_check_ipc.py); the protocol is the same."""
+    if device == "cuda":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", __name__])  # __name__: the roles, the weight group, the transport
+    return ctx
 
 
 def child(target: str, spec: dict, inbox, outbox) -> None:

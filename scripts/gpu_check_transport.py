@@ -32,7 +32,7 @@ import torch
 
 from rollout.engine.weight_group import GroupPlan, WeightGroup, device_identity
 from rollout.log import setup_logging
-from scripts.gpu_check_ipc_roles import bucket_data, layout_of, same_bytes
+from scripts.gpu_check_ipc_roles import bucket_data, child_context, layout_of, same_bytes
 from trainer.weight_transport import choose_transport, staging_for
 
 
@@ -92,7 +92,7 @@ def free_port() -> int:
 
 def push_case(transport: str, send_dev: str, recv_dev: str, layout: list, pushes: int, limit_s: float) -> dict:
     """One sender and one receiver process pushing `layout` over `transport`."""
-    ctx = mp.get_context("spawn")
+    ctx = child_context("cuda" if "cuda" in (send_dev + recv_dev) else "cpu")
     plans, results = ctx.Queue(), ctx.Queue()
     plan = GroupPlan("127.0.0.1", free_port(), [transport])
     procs = [

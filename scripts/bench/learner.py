@@ -18,7 +18,10 @@
 (e) the loss over the trained tokens only (the output head and its softmax at those
     positions) vs over every position, the plain loop, rows shaped like the single_turn
     run's (a chat prompt of ~64 tokens, 24 generated); the two take turns step by step.
-`--quick`: the tiny model, every section, 2 rows, one step or sync each (the test suite's run).
+`--quick`: the tiny model, every section, 2 rows, one step or sync each (the test suite's run),
+and (a)'s two learner groups kept for (c) and (d): (c) syncs from the one-rank group with either
+method, (d)'s two full policies train on the two groups (its LoRA group starts its own), instead of
+six more ranks started for the same code.
 The last output line is one JSON object.
 """
 
@@ -55,7 +58,11 @@ def fwd_bwd_seconds(model, mbs) -> float:
     return time.perf_counter() - t0
 
 
-def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) -> dict:
+def section_a(
+    path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int, keep: ExitStack | None = None
+) -> tuple[dict, dict[str, LearnerGroup]]:
+    """(the section's figures, its learner groups by key if kept). `keep`: the groups stay up in it
+    (--quick: sections c and d use them), else they shut down here (none returned)."""
     rng = random.Random(0)
     traces = [conversation_trace(fmt, vocab, 1, 96, 0, rng, f"t{i}") for i in range(n_rows)]
     _, mbs = batches_for(traces, True, budget)
@@ -85,6 +92,8 @@ def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
                 res = group.train_step(mbs)
                 times[key].append(time.perf_counter() - t0)
                 inside[key].append(res["seconds"])
+        if keep is not None:
+            keep.enter_context(stack.pop_all())
     ray.kill(plain_loop)
 
     p = min(plain[1:])
@@ -102,7 +111,7 @@ def section_a(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
             "in_rank_s": round(min(inside[key][1:]), 3),
             "call_s": round(d, 3),
         }
-    return out
+    return out, groups if keep is not None else {}
 
 
 def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
@@ -129,10 +138,11 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
     return out
 
 
-def section_c(model_name: str, rounds: int) -> dict:
+def section_c(model_name: str, rounds: int, learners: LearnerGroup | None = None) -> dict:
     """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners, and each
     sync method side by side into the same engine (the collective one after its previous snapshot
-    export finished, as in the loop, where the export overlaps the next rollout)."""
+    export finished, as in the loop, where the export overlaps the next rollout). `learners`: both
+    methods sync from this group (--quick), else each policy starts its own."""
     out = {}
     configs = {
         method: compose(
@@ -142,7 +152,7 @@ def section_c(model_name: str, rounds: int) -> dict:
     }
     with RolloutFleet(configs["object_store"]) as fleet:  # the fleet does not depend on the sync method
         for method, cfg in configs.items():
-            with TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet) as policy:
+            with TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet, learners) as policy:
                 results, snapshot_s = [], 0.0
                 for v in range(1, rounds + 1):
                     if getattr(policy.sync, "snapshot", None) is not None:
@@ -203,8 +213,11 @@ def section_e(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
 LORA = ["+policies.a.lora.rank=16", "+policies.b.lora.rank=16"]
 
 
-def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int) -> dict:
-    """The loop's own pieces, LoRA against full weights, the same model and settings."""
+def section_d(
+    model_name: str, fmt, vocab: int, budget: int, rounds: int, full_learners: dict[str, LearnerGroup] | None = None
+) -> dict:
+    """The loop's own pieces, LoRA against full weights, the same model and settings.
+    `full_learners`: the full policies' learner groups by policy (--quick), else they start their own."""
     base = [
         f"model={model_name}",
         "harness=solver_verifier",
@@ -223,7 +236,8 @@ def section_d(model_name: str, fmt, vocab: int, budget: int, rounds: int) -> dic
     for kind, extra in (("full", []), ("lora", LORA)):
         cfg = compose("train", base + extra)
         with RolloutFleet(cfg) as fleet, ExitStack() as stack:
-            policies = trained_policies(cfg, fleet, stack)  # two LoRA policies share one base
+            started = full_learners if kind == "full" else None
+            policies = trained_policies(cfg, fleet, stack, started)  # two LoRA policies share one base
             a = policies["a"]
             for policy in policies.values():
                 policy.learners.train_step(mbs)  # optimizer state exists from here on
@@ -260,28 +274,35 @@ def main() -> None:
     if args.quick:
         args.models, args.sections, args.rows, args.steps, args.rounds = "tiny", "a,b,c,d,e", 2, 1, 1
     torch.manual_seed(0)
-    start_ray(RayConfig(num_cpus=4))
+    start_ray(RayConfig(num_cpus=8 if args.quick else 4))  # --quick: a's kept groups hold 3 CPUs through d
     result = {"bench": "learner", "quick": args.quick}
+    kept = ExitStack()  # --quick: section a's learner groups, for c and d
+    groups: dict[str, LearnerGroup] = {}
     for name in args.models.split(","):
         path = resolve_model(name)
         fmt = ChatFormat.from_pretrained(path)
         vocab = fmt.vocab_size
         res = {}
         if "a" in args.sections:
-            res.update(section_a(path, fmt, vocab, args.rows, args.steps, args.budget))
+            a, groups = section_a(path, fmt, vocab, args.rows, args.steps, args.budget, kept if args.quick else None)
+            res.update(a)
             print(name, "a", res["a_throughput"], res["a_throughput_ws1"], flush=True)
         if "b" in args.sections:
             res["b_merging"] = section_b(path, fmt, vocab, args.budget)
             print(name, "b", res["b_merging"], flush=True)
         if "c" in args.sections:
-            res["c_weight_sync"] = section_c(name, args.rounds)
+            res["c_weight_sync"] = section_c(name, args.rounds, groups.get("a_throughput_ws1"))
             print(name, "c", res["c_weight_sync"], flush=True)
         if "d" in args.sections:
-            res["d_lora"] = section_d(name, fmt, vocab, args.budget, args.rounds)
+            # two groups for two policies: a rank hosts one weight group to the engines at a time
+            full = {"a": groups["a_throughput"], "b": groups["a_throughput_ws1"]} if len(groups) == 2 else None
+            res["d_lora"] = section_d(name, fmt, vocab, args.budget, args.rounds, full)
         if "e" in args.sections:
             res["e_loss_positions"] = section_e(path, fmt, vocab, 4 if args.quick else 32, args.steps, 2048)
             print(name, "e", res["e_loss_positions"], flush=True)
         result[name] = res
+        kept.close()
+        groups = {}
     ray.shutdown()
     print(json.dumps(result))
 

@@ -124,9 +124,13 @@ def evaluate_runs(
     result: dict,
 ) -> dict[str, list[Trace]]:
     """Each label's weights on the held-out items, its report into `result[label]` and its traces
-    and pages beside `--out`; the traces by label. Ray runs for this alone."""
+    and pages beside `--out`; the traces by label. Ray is started for this and shut down after; a
+    cluster this process already has (a caller's, a test session's) is used and stays up."""
+    import ray
+
     traces: dict[str, list[Trace]] = {}
     model_cfg = runs["model"][0]  # engines only: no learners
+    ours = not ray.is_initialized()
     start_ray(cfg.ray, RolloutJobConfig.cpus_asked(model_cfg), RolloutJobConfig.asks(model_cfg))
     try:
         for label, (run_cfg, weights) in runs.items():
@@ -152,9 +156,8 @@ def evaluate_runs(
                 flush=True,
             )
     finally:
-        import ray
-
-        ray.shutdown()
+        if ours:
+            ray.shutdown()
     return traces
 
 

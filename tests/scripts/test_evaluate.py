@@ -5,8 +5,6 @@ run's own before / after eval (rewards, paired counts, every generated token).""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,14 +12,6 @@ import pytest
 from tests.conftest import fake_checkpoint
 from trainer.config import compose
 from trainer.evaluation import pass_at_k, weights_for, with_weights
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def evaluate(*args, timeout=600):
-    return subprocess.run(
-        [sys.executable, "scripts/evaluate.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
 
 
 @pytest.mark.unit
@@ -119,17 +109,23 @@ def test_hydras_deletion_override_is_taken():
 
 
 @pytest.mark.e2e
-def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(smoke_run, tmp_path):
+def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(smoke_run, ray_cluster, tmp_path, capsys):
+    """evaluate.py's main in this process, on the session's Ray: its engines, fleet, report and
+    output are the script's own, and the cluster it did not start stays up. (A subprocess would
+    add a driver's imports and a Ray start, ~10 CPU-s; the arguments go through the same main as
+    in the tests above, and tests/scripts/test_relay_runs_quick.py runs the script as a process.)"""
+    import ray
+
     from rollout.trace import read_jsonl
+    from scripts.evaluate import main
 
     run, train_proc = smoke_run  # the session's `scripts/train.py experiment=smoke` run: 20 steps, 32 held out
     assert train_proc.returncode == 0, train_proc.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     out = tmp_path / "eval" / "smoke.json"
-    proc = evaluate(
-        "experiment=smoke", "--model", str(run), "--reference", "tiny", "--out", str(out), "--progress-s", "1"
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    main(["experiment=smoke", "--model", str(run), "--reference", "tiny", "--out", str(out), "--progress-s", "1"])
+    stdout = capsys.readouterr().out
+    assert ray.is_initialized(), "evaluate.py shut down a cluster it did not start"
     result = json.loads(out.read_text())
     assert result["model"]["reward"] == summary["final_eval_reward"]
     assert result["reference"]["reward"] == summary["initial_eval_reward"]
@@ -142,5 +138,5 @@ def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(smoke_run, tmp_pa
             (t.id, t.sequences[0].completion_ids) for t in runs
         ]
         assert "<html" in out.with_suffix(f".{label}.html").read_text()[:200]
-    assert "[evaluate] model: 32/32 runs" in proc.stdout
-    assert json.loads(proc.stdout.splitlines()[-1])["eval_paired"] == summary["eval_paired"]
+    assert "[evaluate] model: 32/32 runs" in stdout
+    assert json.loads(stdout.splitlines()[-1])["eval_paired"] == summary["eval_paired"]

@@ -48,6 +48,14 @@ def check_model(name: str, path: str | None = None) -> None:
         )
 
 
+def tokenizer_class(path: str) -> str:
+    """The name of the class AutoTokenizer loads `path`'s tokenizer with (for a model of a known
+    type, its own class, whatever tokenizer_config.json names)."""
+    from transformers import AutoTokenizer
+
+    return type(AutoTokenizer.from_pretrained(path)).__name__
+
+
 def resolve_model(name: str, path: str | None = None) -> str:
     """Return a local HF folder for a model name (building it if needed) or check a given path."""
     check_model(name, path)

@@ -382,7 +382,8 @@ def run_worker(engine, tiny_path):
             sampling=SamplingConfig(max_tokens=max_tokens),
         )
         buffer = spawn_buffer(group_size, {p: vocab_size for p in policies})
-        [worker] = spawn_workers(cfg, {p: [engine] for p in policies}, {p: tiny_path for p in policies}, buffer)
+        tokenizer = (tiny_path, ray.get(engine.info.remote(), timeout=60)["tokenizer_class"])  # as the fleet does
+        [worker] = spawn_workers(cfg, {p: [engine] for p in policies}, {p: tokenizer for p in policies}, buffer)
         try:
             stats = ray.get(worker.run.remote(list(range(n_tasks))), timeout=300)
             groups = ray.get(buffer.get.remote(n_tasks, timeout_s=5), timeout=60)

@@ -83,10 +83,13 @@ class ChatFormat:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_pretrained(cls, path: str) -> ChatFormat:
-        from transformers import AutoTokenizer
+    def from_pretrained(cls, path: str, tokenizer_class: str | None = None) -> ChatFormat:
+        """`tokenizer_class`: the class AutoTokenizer picks for `path` (rollout/models.py's
+        `tokenizer_class`; an engine's info gives it). Loaded by name, the tokenizer skips AutoTokenizer's config
+        machinery, which imports torch: ~4 CPU-s in a process that needs neither (a rollout worker)."""
+        import transformers
 
-        return cls(AutoTokenizer.from_pretrained(path))
+        return cls(getattr(transformers, tokenizer_class or "AutoTokenizer").from_pretrained(path))
 
     @property
     def pad_id(self) -> int:

@@ -57,6 +57,7 @@ from rollout.engine.args import (
     sampling_params,
 )
 from rollout.log import setup_logging
+from rollout.models import tokenizer_class
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class Engine:
         else:
             self._llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
         self.vocab_size = self._llm.model_config.get_vocab_size()
+        self.tokenizer_class = tokenizer_class(model_path)  # vLLM imported transformers: ~0.3 s here
         self.start_s = time.perf_counter() - t0
         log.info(
             f"[engine] pool {pool!r} engine {index}: ready in {time.perf_counter() - since:.1f} s "
@@ -401,6 +403,7 @@ class Engine:
             "version": self.version,
             "adapter_versions": dict(self.adapter_versions),
             "vocab_size": self.vocab_size,
+            "tokenizer_class": self.tokenizer_class,  # what the workers load the model's tokenizer as
             "start_s": self.start_s,
             "max_model_len": self._llm.model_config.max_model_len,
             "busy_s": busy,

@@ -155,7 +155,11 @@ def spawn_buffer(group_size: int, vocab_sizes: dict[str, int]):
 
 
 def spawn_workers(
-    cfg: RolloutJobConfig, engines: dict[str, list], model_paths: dict[str, str], buffer, start_timeout_s: float = 300.0
+    cfg: RolloutJobConfig,
+    engines: dict[str, list],
+    tokenizers: dict[str, tuple[str, str | None]],
+    buffer,
+    start_timeout_s: float = 300.0,
 ) -> list:
     """Start `cfg.rollout.num_workers` RolloutWorker actors sharing the engines and the buffer,
     and wait until they are up (a harness or task source that fails to load fails here)."""
@@ -165,7 +169,7 @@ def spawn_workers(
             max_concurrency=1000,
             max_restarts=cfg.rollout.max_worker_restarts,
             name=f"tracerl-worker-{i}-{uuid.uuid4().hex[:8]}",
-        ).remote(i, cfg, engines, model_paths, buffer)
+        ).remote(i, cfg, engines, tokenizers, buffer)
         for i in range(cfg.rollout.num_workers)
     ]
     await_started(workers, [w.stats.remote() for w in workers], start_timeout_s, "rollout workers", {"num_cpus": 0})

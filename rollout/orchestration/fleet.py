@@ -71,8 +71,9 @@ class RolloutFleet:
             self.engines = {p: self.pools[name] for name, ps in pools.items() for p in ps}
             infos = ray.get([pool[0].info.remote() for pool in self.engines.values()], timeout=60)
             self.vocab_sizes = {p: info["vocab_size"] for p, info in zip(self.engines, infos)}
+            tokenizers = {p: (self.model_paths[p], info["tokenizer_class"]) for p, info in zip(self.engines, infos)}
             self.buffer = spawn_buffer(cfg.rollout.group_size, self.vocab_sizes)
-            self.workers = spawn_workers(cfg, self.engines, self.model_paths, self.buffer)
+            self.workers = spawn_workers(cfg, self.engines, tokenizers, self.buffer)
             self._lives = [0] * len(self.workers)
             if any(cfg.policy_engine(p).health_check_s > 0 for p in self.engines):
                 self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)

@@ -34,10 +34,16 @@ def _describe(e: BaseException) -> str:
 
 class RolloutWorker:
     def __init__(
-        self, worker_id: int, cfg: RolloutJobConfig, engines: dict[str, list], model_paths: dict[str, str], buffer
+        self,
+        worker_id: int,
+        cfg: RolloutJobConfig,
+        engines: dict[str, list],
+        tokenizers: dict[str, tuple[str, str | None]],
+        buffer,
     ):
-        """`engines` (Engine actor handles) and `model_paths` (tokenizers) are keyed by policy;
-        `cfg.agents` maps role -> policy."""
+        """`engines` (Engine actor handles) and `tokenizers` are keyed by policy; a tokenizer is
+        (the model's folder, the class AutoTokenizer picks for it: an engine's info gives it, and the
+        worker then loads it without importing torch; None: AutoTokenizer); `cfg.agents` maps role -> policy."""
         setup_logging()  # this actor's process (harnesses log too)
         self.worker_id = worker_id
         self.harness = load_harness(cfg.harness._target_)
@@ -49,7 +55,7 @@ class RolloutWorker:
             p: Router(e, p, cfg.policy_engine(p).request_timeout_s, cfg.policy_engine(p).start_timeout_s)
             for p, e in engines.items()
         }
-        self.formats = {p: ChatFormat.from_pretrained(path) for p, path in model_paths.items()}
+        self.formats = {p: ChatFormat.from_pretrained(path, cls) for p, (path, cls) in tokenizers.items()}
         self.max_model_len = {p: cfg.policy_model(p).max_model_len for p in self.routers}  # the gateway's clamp
         unknown = {p for p in self.agents.values()} - set(self.routers)
         if unknown:

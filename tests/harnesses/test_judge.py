@@ -139,7 +139,7 @@ def run_worker_eval(engine, tiny_path, options: dict, items: int = 4):
     )
     policies = {"main": [engine], "frozen": [engine]}
     buffer = spawn_buffer(1, {p: 512 for p in policies})
-    [worker] = spawn_workers(cfg, policies, {p: tiny_path for p in policies}, buffer)
+    [worker] = spawn_workers(cfg, policies, {p: (tiny_path, None) for p in policies}, buffer)
     try:
         return ray.get(
             worker.evaluate.remote(list(range(items)), SamplingConfig(temperature=0.0, max_tokens=12)), timeout=120

@@ -140,7 +140,7 @@ def test_a_rollout_worker_runs_the_env_as_a_training_run_does(engine, tiny_path)
         sampling=SamplingConfig(max_tokens=12),
     )
     buffer = spawn_buffer(2, {"main": 512})
-    [worker] = spawn_workers(cfg, {"main": [engine]}, {"main": tiny_path}, buffer)
+    [worker] = spawn_workers(cfg, {"main": [engine]}, {"main": (tiny_path, None)}, buffer)
     try:
         stats = ray.get(worker.run.remote([0, 1]), timeout=300)
         groups = ray.get(buffer.get.remote(2, timeout_s=5), timeout=60)

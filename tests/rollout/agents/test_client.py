@@ -106,3 +106,38 @@ def test_token_conversation_equals_template_rendering(model):
     cut = fmt.encode("It is")
     closed = fmt.continuation(cut, [{"role": "user", "content": "go on"}])
     assert tok.decode(closed).startswith("<|im_end|>")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("model", ["tiny", "smollm2_135m"])
+def test_a_tokenizer_loaded_by_its_class_name_is_autotokenizers_and_imports_no_torch(model):
+    """A rollout worker loads its model's tokenizer by the class name the engine reports
+    (rollout/models.py tokenizer_class): the same tokens as AutoTokenizer's, with special-token
+    text, unicode and a tool turn, and in a process of its own without importing torch (what the
+    name saves: AutoTokenizer's config machinery imports it)."""
+    import subprocess
+    import sys
+
+    from rollout.models import resolve_model, tokenizer_class
+
+    path = resolve_model(model)
+    name = tokenizer_class(path)
+    auto, named = ChatFormat.from_pretrained(path), ChatFormat.from_pretrained(path, name)
+    assert type(named.tok) is type(auto.tok) and named.tok.all_special_ids == auto.tok.all_special_ids
+    text = "Ünïcode  spaces\t\nand <|im_end|> 12345 + 0.5 = ?\r\n\u00a0über 🙂 'll 've"
+    msgs = [
+        {"role": "system", "content": "Solve it. <|im_start|>user"},
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "It is 4.<|endoftext|>"},
+        {"role": "tool", "content": "ok"},
+    ]
+    assert named.encode(text) == auto.encode(text) and named.render(msgs) == auto.render(msgs)
+    assert named.continuation(auto.encode("It is"), msgs[3:]) == auto.continuation(auto.encode("It is"), msgs[3:])
+    assert named.decode(auto.render(msgs)) == auto.decode(auto.render(msgs)) and named.pad_id == auto.pad_id
+    probe = (
+        "import sys; from rollout.agents.client import ChatFormat; "
+        f"f = ChatFormat.from_pretrained({path!r}, {name!r}); "
+        "print(type(f.tok).__name__, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == [name, "False"], out.stdout + out.stderr

@@ -213,7 +213,7 @@ def test_an_engine_failure_in_a_gateway_request_runs_the_episode_again(engine, t
         rollout=RolloutConfig(concurrency=1, group_size=1, timeout_s=60.0, retries=1),
         sampling=SamplingConfig(max_tokens=4),
     )
-    worker = RolloutWorker(0, cfg, {"main": [engine]}, {"main": tiny_path}, buffer=None)
+    worker = RolloutWorker(0, cfg, {"main": [engine]}, {"main": (tiny_path, None)}, buffer=None)
     backend = worker.routers["main"] = FailingRouter([engine], EngineError("engine 0 died"))
     trace = asyncio.run(worker.episode(worker.tasks.train_task(0), "g", 0))
     assert backend.failures == 0 and trace.status in ("ok", "truncated"), trace.error
@@ -251,7 +251,7 @@ def test_a_rollout_worker_clamps_agents_to_its_models_context(engine, tiny_path)
         rollout=RolloutConfig(concurrency=1, group_size=1, timeout_s=60.0),
         sampling=SamplingConfig(max_tokens=4),
     )
-    worker = RolloutWorker(0, cfg, {"main": [engine]}, {"main": tiny_path}, buffer=None)
+    worker = RolloutWorker(0, cfg, {"main": [engine]}, {"main": (tiny_path, None)}, buffer=None)
     trace = asyncio.run(worker.episode(worker.tasks.train_task(0), "g", 0))
     assert trace.status != "failed", trace.error
     prompt_tokens, completion_tokens = map(int, trace.info["answer"].split())

@@ -139,7 +139,7 @@ def _worker(engine, tiny_path, harness: HarnessConfig):
         rollout=RolloutConfig(concurrency=1, group_size=1, timeout_s=60.0),
         sampling=SamplingConfig(max_tokens=4),
     )
-    return RolloutWorker(0, cfg, {"main": [engine]}, {"main": tiny_path}, buffer=None)
+    return RolloutWorker(0, cfg, {"main": [engine]}, {"main": (tiny_path, None)}, buffer=None)
 
 
 @pytest.mark.integration

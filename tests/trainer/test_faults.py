@@ -163,6 +163,7 @@ def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path)
             f"run_dir={tmp_path}",
             "trainer.steps=3",
             "eval.size=0",
+            "learner.world_size=1",  # one rank is enough to show that nothing was trained
             "harness._target_=tests.rollout.orchestration.flaky_harnesses.broken",
             "harness.name=broken",
         ],

@@ -4,13 +4,13 @@ items, one seed), so that the presets and the script cannot rot: one arm per kin
 of them only in the preset's overrides (team_full: full weights, which tests/trainer/test_policies.py
 trains; team_shared and the credit arms: the advantage's flags, which tests/trainer/test_advantages.py
 covers), every arm's preset composes and validates in tests/scripts/test_team_study.py, and the
-script treats every arm and every swap alike: one of each costs a run's start, ~40 CPU-s), each kind of control runs (the single agent transplanted into
-the team, its vote matched in tokens (--quick: 2 samples), roles' weights swapped, the seats of a
-game), every evaluation's per-item files are written, and the analysis read from them (contrasts
-over seeds, run-vs-run sign tests with Holm, each team evaluation's revision, verdict confusion
-matrix, missing verdicts and truncation) reaches the table, its JSON and the curves. Not a
-learning result: the numbers are the tiny model's. The run goes in the background lane
-(tests/lane.py) from the session's start.
+script treats every arm and every swap alike: each one more costs a run's start, ~40 CPU-s), each
+kind of control runs (the single agent transplanted into the team, its vote matched in tokens
+(--quick: 2 samples), roles' weights swapped, the seats of a game), every evaluation's per-item
+files are written, and the analysis read from them (contrasts over seeds, run-vs-run sign tests
+with Holm, each team evaluation's revision, verdict confusion matrix, missing verdicts and
+truncation) reaches the table, its JSON and the curves. Not a learning result: the numbers are the
+tiny model's. The run goes in the background lane (tests/lane.py) from the session's start.
 """
 
 from __future__ import annotations

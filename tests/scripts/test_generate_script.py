@@ -1,4 +1,6 @@
-"""scripts/generate.py end to end: its own in-process Ray, a real engine, the solver_verifier harness."""
+"""scripts/generate.py end to end: a real engine, the solver_verifier harness, on a running Ray
+cluster it joins (`ray.address`, the test session's; its own in-process Ray is what every other
+script run here starts, and spared here saves that start)."""
 
 import json
 import subprocess
@@ -13,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.e2e
-def test_generate_script_writes_multi_agent_traces(tmp_path):
+def test_generate_script_writes_multi_agent_traces(ray_cluster, tmp_path):
+    import ray
+
     out = tmp_path / "traces.jsonl"
     proc = subprocess.run(
         [
@@ -26,7 +30,7 @@ def test_generate_script_writes_multi_agent_traces(tmp_path):
             "rollout.group_size=4",
             "sampling.max_tokens=24",
             "engine.kv_cache_gb=0.25",
-            "ray.num_cpus=2",
+            f"ray.address={ray.get_runtime_context().gcs_address}",
             f"out={out}",
         ],
         cwd=ROOT,

@@ -18,10 +18,10 @@
 (e) the loss over the trained tokens only (the output head and its softmax at those
     positions) vs over every position, the plain loop, rows shaped like the single_turn
     run's (a chat prompt of ~64 tokens, 24 generated); the two take turns step by step.
-`--quick`: the tiny model, every section, 2 rows, one step or sync each (the test suite's run),
+`--quick`: the tiny model, every section, 2 rows, one step or sync or pass each (the test suite's run),
 and (a)'s two learner groups kept for (c) and (d): (c) syncs from the one-rank group with either
-method, (d)'s two full policies train on the two groups (its LoRA group starts its own), instead of
-six more ranks started for the same code.
+method into (d)'s two-policy fleet, (d)'s two full policies train on the two groups in that fleet
+(its LoRA fleet and group start their own): six ranks and a fleet fewer started for the same code.
 The last output line is one JSON object.
 """
 
@@ -114,20 +114,22 @@ def section_a(
     return out, groups if keep is not None else {}
 
 
-def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
+def section_b(path: str, fmt, vocab: int, budget: int, quick: bool = False) -> dict:
+    """`quick`: 2 traces per turn count, one timed pass each and no warm-up (4, the best of 2)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     out = {}
     for turns in (2, 4, 8):
         rng = random.Random(turns)
-        traces = [conversation_trace(fmt, vocab, turns, 24, 12, rng, f"t{i}") for i in range(4)]
+        traces = [conversation_trace(fmt, vocab, turns, 24, 12, rng, f"t{i}") for i in range(2 if quick else 4)]
         unique = sum(len(t.sequences[-1].prompt_ids) + len(t.sequences[-1].completion_ids) for t in traces)
         res = {"unique_tokens": unique}
         for merge in (True, False):
             rows, mbs = batches_for(traces, merge, budget)
-            fwd_bwd_seconds(model, mbs[:1])  # warm-up
-            secs = min(fwd_bwd_seconds(model, mbs) for _ in range(2))
+            if not quick:
+                fwd_bwd_seconds(model, mbs[:1])  # warm-up
+            secs = min(fwd_bwd_seconds(model, mbs) for _ in range(1 if quick else 2))
             stats = packing_stats(rows, mbs)
             key = "merged" if merge else "unmerged"
             res[f"{key}_tokens"] = int(stats["tokens_merged"])
@@ -138,19 +140,24 @@ def section_b(path: str, fmt, vocab: int, budget: int) -> dict:
     return out
 
 
-def section_c(model_name: str, rounds: int, learners: LearnerGroup | None = None) -> dict:
+def section_c(
+    model_name: str, rounds: int, learners: LearnerGroup | None = None, keep: ExitStack | None = None
+) -> tuple[dict, RolloutFleet | None]:
     """The training loop's own pieces: a RolloutFleet's engine, a TrainedPolicy's learners, and each
     sync method side by side into the same engine (the collective one after its previous snapshot
-    export finished, as in the loop, where the export overlaps the next rollout). `learners`: both
-    methods sync from this group (--quick), else each policy starts its own."""
+    export finished, as in the loop, where the export overlaps the next rollout). `learners`, `keep`
+    (--quick): both methods sync from this group into policy a's engine of section d's two-policy
+    fleet, which stays up in `keep` and is returned, for d; else each policy starts its own, into a
+    one-policy fleet shut down here."""
     out = {}
+    fleet_overrides = d_overrides(model_name) if learners is not None else [f"model={model_name}", *SMALL]
     configs = {
-        method: compose(
-            "train", [f"model={model_name}", "engine.kv_cache_gb=0.5", "learner.num_cpus=0.5", f"sync.method={method}"]
-        )
+        method: compose("train", [*fleet_overrides, f"sync.method={method}"])
         for method in ("object_store", "collective")
     }
-    with RolloutFleet(configs["object_store"]) as fleet:  # the fleet does not depend on the sync method
+    with ExitStack() as stack:
+        # the fleet does not depend on the sync method
+        fleet = (keep if keep is not None else stack).enter_context(RolloutFleet(configs["object_store"]))
         for method, cfg in configs.items():
             with TrainedPolicy(cfg, cfg.trainable_policies()[0], fleet, learners) as policy:
                 results, snapshot_s = [], 0.0
@@ -181,7 +188,7 @@ def section_c(model_name: str, rounds: int, learners: LearnerGroup | None = None
     for method in ("object_store", "collective"):
         out[method]["over_memcpy"] = round(out[method]["sync_s"] / copy_s, 1)
     out["object_store_over_collective"] = round(out["object_store"]["sync_s"] / out["collective"]["sync_s"], 1)
-    return out
+    return out, fleet if keep is not None else None
 
 
 def section_e(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) -> dict:
@@ -211,31 +218,43 @@ def section_e(path: str, fmt, vocab: int, n_rows: int, steps: int, budget: int) 
 
 
 LORA = ["+policies.a.lora.rank=16", "+policies.b.lora.rank=16"]
+SMALL = ["engine.kv_cache_gb=0.5", "learner.num_cpus=0.5"]
 
 
-def section_d(
-    model_name: str, fmt, vocab: int, budget: int, rounds: int, full_learners: dict[str, LearnerGroup] | None = None
-) -> dict:
-    """The loop's own pieces, LoRA against full weights, the same model and settings.
-    `full_learners`: the full policies' learner groups by policy (--quick), else they start their own."""
-    base = [
+def d_overrides(model_name: str) -> list[str]:
+    """Section d's two trained policies, a and b (full weights; LoRA adds LORA)."""
+    return [
         f"model={model_name}",
         "harness=solver_verifier",
         "agents.solver=a",
         "agents.verifier=b",
         "+policies.a.trainable=true",
         "+policies.b.trainable=true",
-        "engine.kv_cache_gb=0.5",
+        *SMALL,
         "learner.world_size=1",
-        "learner.num_cpus=0.5",
         "learner.zero_stage=0",
     ]
+
+
+def section_d(
+    model_name: str,
+    fmt,
+    vocab: int,
+    budget: int,
+    rounds: int,
+    full_learners: dict[str, LearnerGroup] | None = None,
+    full_fleet: RolloutFleet | None = None,
+) -> dict:
+    """The loop's own pieces, LoRA against full weights, the same model and settings.
+    `full_learners`, `full_fleet` (--quick): the full policies' learner groups by policy and their
+    fleet (section c's), else they start their own."""
+    base = d_overrides(model_name)
     rng = random.Random(0)
     _, mbs = batches_for([conversation_trace(fmt, vocab, 1, 96, 0, rng, f"t{i}") for i in range(4)], True, budget)
     out = {}
     for kind, extra in (("full", []), ("lora", LORA)):
         cfg = compose("train", base + extra)
-        with RolloutFleet(cfg) as fleet, ExitStack() as stack:
+        with full_fleet if kind == "full" and full_fleet else RolloutFleet(cfg) as fleet, ExitStack() as stack:
             started = full_learners if kind == "full" else None
             policies = trained_policies(cfg, fleet, stack, started)  # two LoRA policies share one base
             a = policies["a"]
@@ -278,6 +297,7 @@ def main() -> None:
     result = {"bench": "learner", "quick": args.quick}
     kept = ExitStack()  # --quick: section a's learner groups, for c and d
     groups: dict[str, LearnerGroup] = {}
+    fleet = None  # --quick: section c's fleet, for d
     for name in args.models.split(","):
         path = resolve_model(name)
         fmt = ChatFormat.from_pretrained(path)
@@ -288,21 +308,22 @@ def main() -> None:
             res.update(a)
             print(name, "a", res["a_throughput"], res["a_throughput_ws1"], flush=True)
         if "b" in args.sections:
-            res["b_merging"] = section_b(path, fmt, vocab, args.budget)
+            res["b_merging"] = section_b(path, fmt, vocab, args.budget, args.quick)
             print(name, "b", res["b_merging"], flush=True)
         if "c" in args.sections:
-            res["c_weight_sync"] = section_c(name, args.rounds, groups.get("a_throughput_ws1"))
+            ws1 = groups.get("a_throughput_ws1")
+            res["c_weight_sync"], fleet = section_c(name, args.rounds, ws1, kept if ws1 else None)
             print(name, "c", res["c_weight_sync"], flush=True)
         if "d" in args.sections:
             # two groups for two policies: a rank hosts one weight group to the engines at a time
-            full = {"a": groups["a_throughput"], "b": groups["a_throughput_ws1"]} if len(groups) == 2 else None
-            res["d_lora"] = section_d(name, fmt, vocab, args.budget, args.rounds, full)
+            full = {"a": groups["a_throughput_ws1"], "b": groups["a_throughput"]} if len(groups) == 2 else None
+            res["d_lora"] = section_d(name, fmt, vocab, args.budget, args.rounds, full, fleet)
         if "e" in args.sections:
             res["e_loss_positions"] = section_e(path, fmt, vocab, 4 if args.quick else 32, args.steps, 2048)
             print(name, "e", res["e_loss_positions"], flush=True)
         result[name] = res
         kept.close()
-        groups = {}
+        groups, fleet = {}, None
     ray.shutdown()
     print(json.dumps(result))
 

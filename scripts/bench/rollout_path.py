@@ -14,7 +14,8 @@ sampling, one run, one after the other:
 Each side is warmed up, then timed `--rounds` times; the best round counts. The three
 fleets take turns, round by round, one up at a time (vLLM alone runs first, in this
 process); the ratios to the path pair each round with the path's round of the same turn.
-`--quick`: the tiny model, 4 prompts of 8 tokens, one round (the test suite's run).
+`--quick`: the tiny model, 4 prompts of 8 tokens, one round, the fleets alone (vLLM alone is
+_reference.bench_vllm, which bf16.py's quick run runs; no ratios to it): the test suite's run.
 The last output line is one JSON object.
 """
 
@@ -85,8 +86,9 @@ def configs(args: argparse.Namespace) -> dict[str, GenerateJobConfig]:
     }
 
 
-def report(args: argparse.Namespace, vllm_rounds: list[dict], paths: dict[str, list[dict]]) -> dict:
-    """Print each side's best tokens/s and its ratio to the path; the bench's JSON result."""
+def report(args: argparse.Namespace, vllm_rounds: list[dict] | None, paths: dict[str, list[dict]]) -> dict:
+    """Print each side's best tokens/s and its ratio to the path; the bench's JSON result.
+    `vllm_rounds`: None where vLLM alone did not run (--quick)."""
 
     def best(rounds):
         return max(r["tokens"] / r["seconds"] for r in rounds)
@@ -96,11 +98,15 @@ def report(args: argparse.Namespace, vllm_rounds: list[dict], paths: dict[str, l
             (g["tokens"] / g["seconds"]) / (p["tokens"] / p["seconds"]) for p, g in zip(paths["path"], rounds)
         )
 
-    vllm_tps, path_tps = best(vllm_rounds), best(paths["path"])
-    print(f"vLLM generate:    {vllm_tps:8.1f} generated tok/s  rounds={vllm_rounds}")
+    path_tps = best(paths["path"])
+    vllm: dict = {}  # vLLM alone, and the path's ratio to it (not in --quick)
+    if vllm_rounds is not None:
+        vllm_tps = best(vllm_rounds)
+        print(f"vLLM generate:    {vllm_tps:8.1f} generated tok/s  rounds={vllm_rounds}")
+        vllm = {"vllm_tok_s": round(vllm_tps, 1), "ratio": round(path_tps / vllm_tps, 3), "vllm_rounds": vllm_rounds}
     print(
-        f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={paths['path']}  "
-        f"ratio path/vllm: {path_tps / vllm_tps:.3f}"
+        f"worker->client->engine: {path_tps:8.1f} generated tok/s  rounds={paths['path']}"
+        + (f"  ratio path/vllm: {vllm['ratio']:.3f}" if vllm else "")
     )
     result = {
         "bench": "rollout_path",
@@ -108,10 +114,8 @@ def report(args: argparse.Namespace, vllm_rounds: list[dict], paths: dict[str, l
         "model": args.model,
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
-        "vllm_tok_s": round(vllm_tps, 1),
         "path_tok_s": round(path_tps, 1),
-        "ratio": round(path_tps / vllm_tps, 3),
-        "vllm_rounds": vllm_rounds,
+        **vllm,
         "path_rounds": paths["path"],
     }
     for side in (s for s in paths if s != "path"):  # own_client: an SDK client built per episode
@@ -137,7 +141,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="tiny, 4 prompts x 8 tokens, one round")
+    ap.add_argument("--quick", action="store_true", help="tiny, 4 prompts x 8 tokens, one round, no vLLM alone")
     args = ap.parse_args()
     if args.quick:
         args.model, args.prompts, args.max_tokens, args.rounds = "tiny", 4, 8, 1
@@ -148,7 +152,7 @@ def main() -> None:
     fmt = ChatFormat.from_pretrained(model_path)
     tasks = make_task_source(cfg.task, cfg.seed)
     prompts = [fmt.render([{"role": "user", "content": tasks.train_task(i).prompt}]) for i in range(args.prompts)]
-    vllm_rounds = bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
+    vllm_rounds = None if args.quick else bench_vllm(model_path, prompts, cfg.sampling, cfg.engine, args.rounds)
     print(json.dumps(report(args, vllm_rounds, bench_paths(cfgs, args.prompts, args.rounds))))
 
 

@@ -59,9 +59,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """The background lane (tests/lane.py) starts the selected tests' long script runs now: the
     quick benches (tests/scripts/test_bench.py), then the team study's quick arms
-    (tests/trainer/test_team_study_quick.py), then the relay's quick pilot (tests/scripts/test_relay_quick.py),
-    then the relay's quick main runs (tests/scripts/test_relay_runs_quick.py). Not for
-    `--collect-only`, which runs no test (it would wait for the job running at its end)."""
+    (tests/trainer/test_team_study_quick.py), then the relay's quick main runs
+    (tests/scripts/test_relay_runs_quick.py). Not for `--collect-only`, which runs no test (it
+    would wait for the job running at its end)."""
     if session.config.option.collectonly:
         return
     modules = {item.module.__name__.rsplit(".", 1)[-1] for item in session.items}
@@ -79,10 +79,6 @@ def pytest_collection_finish(session):
         from tests.trainer import test_team_study_quick
 
         jobs |= test_team_study_quick.lane_jobs()
-    if "test_relay_quick" in modules:
-        from tests.scripts import test_relay_quick
-
-        jobs |= test_relay_quick.lane_jobs()
     if "test_relay_runs_quick" in modules:
         from tests.scripts import test_relay_runs_quick
 

@@ -5,8 +5,8 @@ Each preset composes and validates, holds out stories no training draw repeats, 
 arm B (relay_team_shared) exactly what its arm is about; the single agent gets the team's whole
 token budget. The gate's criteria, the seed count and the token counts are checked on numbers made
 up here (the items' records and the pre-registered statistics: tests/trainer/test_results.py); the
-pilot's code path runs end to end on the tiny model in tests/scripts/test_relay_quick.py; its real
-evaluations are in docs/results/relay_pilot/.
+published pilots (docs/results/relay_pilot/) are recomputed from their items, and one condition is
+evaluated on the tiny model, in tests/scripts/test_relay_quick.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ tests/conftest.py::pytest_collection_finish launches the jobs the selected tests
 such test waits for its own job's result (`result`), bounded by the job's deadline. Those tests
 run last: once the first of them waits, the main tests are done and the box is the lane's, so a
 second worker takes the next queued job (one script run keeps about one core busy: its process
-starts, imports and Ray's start are mostly serial).
+starts, imports and Ray's start are mostly serial). The jobs' runs join one Ray cluster the lane
+starts (TRACERL_RAY_ADDRESS, rollout/orchestration/cluster.py start_ray) instead of each starting
+and stopping its own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import concurrent.futures
 import json
 import os
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -32,6 +35,61 @@ WORKERS_AT_THE_END = 2  # the box's cores
 SECOND_JOB_BELOW_GIB = 8.0
 _since = time.monotonic()  # the session's start (this module is imported at collection)
 walls: dict[str, tuple[float, float]] = {}  # job -> (its start, seconds into the session; its wall seconds)
+# The lane's Ray cluster: a process that starts it and prints its address and the auth settings its
+# start chose (Ray enables token auth for a local cluster when ~/.ray/auth_token exists: a job joins
+# with them), then holds it until its stdin closes (at `stop`, or when this session dies). Logical
+# CPUs: placement tokens for any job's asks.
+CLUSTER = """
+import json, os, sys, ray
+from rollout.config import RayConfig
+from rollout.orchestration.cluster import start_ray
+start_ray(RayConfig(address="local", num_cpus=32))
+auth = {k: v for k, v in os.environ.items() if k.startswith("RAY_AUTH")}
+print(json.dumps({"TRACERL_RAY_ADDRESS": ray.get_runtime_context().gcs_address, **auth}), flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+CLUSTER_START_S = 180
+_cluster: dict = {}  # "proc": the holder, "env": what a job joins it with, or "error": why jobs start their own
+
+
+def script_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def start_cluster() -> None:
+    """Start the lane's Ray cluster (at nice 10, as its jobs). If it is not up within
+    CLUSTER_START_S, the jobs start their own Ray each, and the lane's summary line says why."""
+    env = {k: v for k, v in script_env().items() if k != "TRACERL_RAY_ADDRESS"}
+    proc = subprocess.Popen(
+        ["nice", "-n", "10", sys.executable, "-c", CLUSTER],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    _cluster["proc"] = proc
+    ready, _, _ = select.select([proc.stdout], [], [], CLUSTER_START_S)
+    line = proc.stdout.readline().strip() if ready else ""
+    if line:
+        _cluster["env"] = json.loads(line)
+    else:
+        _cluster["error"] = f"its Ray cluster did not start within {CLUSTER_START_S} s (exit {proc.poll()})"
+        stop_cluster()
+
+
+def stop_cluster() -> None:
+    proc = _cluster.pop("proc", None)
+    if proc is None:
+        return
+    proc.stdin.close()  # the holder shuts its cluster down and exits
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=60)
 
 
 def run_script(args: list[str], deadline_s: float, name: str | None = None) -> dict:
@@ -39,7 +97,7 @@ def run_script(args: list[str], deadline_s: float, name: str | None = None) -> d
     JSON. A non-zero exit or a last line that is not JSON fails with the output's tail. `name`:
     its wall time is kept in `walls` under it."""
     t0 = time.monotonic()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**script_env(), **_cluster.get("env", {})}
     proc = subprocess.run(
         ["nice", "-n", "10", sys.executable, *args],
         cwd=ROOT,
@@ -74,7 +132,9 @@ def room_for_a_second_job() -> bool:
 
 def work(second: bool = False) -> None:
     """A worker of the lane: the queued jobs, in order, until a None. The second stops when the
-    machine has no room for another job (the first goes on)."""
+    machine has no room for another job (the first goes on). The first starts the lane's cluster."""
+    if not second:
+        start_cluster()
     while not (second and not room_for_a_second_job()) and (job := _queue.get()) is not None:
         name, args, deadline_s, future = job
         if future.set_running_or_notify_cancel():  # False: dropped by `stop`
@@ -120,5 +180,7 @@ def stop() -> str:
         _queue.put(None)
     for thread in _workers:
         thread.join()
+    stop_cluster()
     jobs = ", ".join(f"{n} {start:.0f}+{wall:.0f}s" for n, (start, wall) in walls.items())
-    return f"background lane (job start+wall): {jobs or 'none ran'}"
+    cluster = f"; {_cluster['error']}: each job started its own" if "error" in _cluster else ""
+    return f"background lane (job start+wall): {jobs or 'none ran'}{cluster}"

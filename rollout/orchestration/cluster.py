@@ -27,8 +27,14 @@ from rollout.placement import Ask, actor_options, check_gpu_count, visible_gpus
 log = logging.getLogger(__name__)
 
 
+JOIN_ENV = "TRACERL_RAY_ADDRESS"  # a running cluster that `address=local` jobs join instead
+
+
 def start_ray(cfg: RayConfig, cpus_asked: float = 0.0, asks: list[Ask] = ()) -> None:
-    """Start an in-process cluster (`address=local`) or join an existing one. A local cluster has
+    """Start an in-process cluster (`address=local`) or join an existing one. With
+    TRACERL_RAY_ADDRESS set, an `address=local` job joins the cluster there instead of starting its
+    own: a script that runs many short jobs one after another (the test suite's lane) pays Ray's
+    start and stop (GCS, raylet, dashboard and log processes: ~5 CPU-s) once. A local cluster has
     `ray.num_cpus` logical CPUs, by default the machine's or, if more, `cpus_asked` (what the
     job's actors ask for together), so that every actor of any `agents` mapping can be placed
     (Ray's CPUs are placement tokens: more of them than cores only shares the cores), and
@@ -42,12 +48,14 @@ def start_ray(cfg: RayConfig, cpus_asked: float = 0.0, asks: list[Ask] = ()) -> 
     # default, named here because the engines rely on it; a cluster joined by address has its own)
     os.environ.setdefault("RAY_process_group_cleanup_enabled", "1")
     kwargs = {"include_dashboard": False, "log_to_driver": True}
-    if cfg.address == "local":
+    address, where = cfg.address, f"ray.address={cfg.address}"
+    if address == "local" and os.environ.get(JOIN_ENV):
+        address, where = os.environ[JOIN_ENV], f"{JOIN_ENV}={os.environ[JOIN_ENV]}"
+        log.info(f"[ray] joining the cluster at {address} ({JOIN_ENV}) instead of starting one")
+    if address == "local":
         kwargs.update(num_cpus=local_cpus(cfg, cpus_asked), num_gpus=visible_gpus(cfg.num_gpus))
-    ray.init(address=cfg.address, **kwargs)
-    check_gpu_count(
-        list(asks), int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster (ray.address={cfg.address})"
-    )
+    ray.init(address=address, **kwargs)
+    check_gpu_count(list(asks), int(ray.cluster_resources().get("GPU", 0)), f"the Ray cluster ({where})")
 
 
 def local_cpus(cfg: RayConfig, cpus_asked: float) -> int:

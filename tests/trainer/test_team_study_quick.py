@@ -79,9 +79,7 @@ def check_analysis(a: dict) -> None:
         assert c["seeds"] == [1] and c["p"] is None and c["ci_points"][0] <= c["mean_points"] <= c["ci_points"][1]
         t = c["run_vs_run"]["1"]
         assert t["better"] + t["worse"] <= ITEMS and t["p"] <= t["p_holm"] <= 1, (name, t)
-    assert {"transplant_vs_single_agent", "team_lora_swap_vs_team_lora"} <= set(
-        a["secondary"]
-    )
+    assert {"transplant_vs_single_agent", "team_lora_swap_vs_team_lora"} <= set(a["secondary"])
     assert a["harness_untrained"]["untrained_team_vs_untrained_single_agent"]["seeds"] == [1], a["harness_untrained"]
     evals = {(e["condition"], e["step"]): e for e in a["team_evals"]}
     expected = {(arm, step) for arm in TEAM for step in (0, 2)}

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,13 +38,18 @@ TIERS = ("unit", "integration", "e2e")
 # ---- tiers: every test has exactly one ----------------------------------------------------
 
 
+def waits_for_lane(item) -> bool:
+    """A test that reads a background-lane job's result: its module's (`lane_jobs`), or the smoke run's."""
+    return hasattr(item.module, "lane_jobs") or "smoke_run" in item.fixturenames
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered test must fail every run, not only `make test`
 def pytest_collection_modifyitems(config, items):
     """Every test has one tier. The tests that wait for a background-lane job (their module has
-    `lane_jobs`) run last, so that the suite works on while the lane does (in the middle of the
-    suite, the team study's wait held it up by ~100 s)."""
-    waits = [item for item in items if hasattr(item.module, "lane_jobs")]
-    items[:] = [item for item in items if not hasattr(item.module, "lane_jobs")] + waits
+    `lane_jobs`, or they read `smoke_run`) run last, so that the suite works on while the lane does
+    (in the middle of the suite, the team study's wait held it up by ~100 s)."""
+    waits = [item for item in items if waits_for_lane(item)]
+    items[:] = [item for item in items if not waits_for_lane(item)] + waits
     bad = [
         f"{item.nodeid}: {' + '.join(tiers) or 'no tier'}"
         for item in items
@@ -58,6 +64,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """The background lane (tests/lane.py) starts the selected tests' long script runs now: the
+    smoke run (the `smoke_run` fixture's) and the README's command (tests/docs/test_readme.py), the
     quick benches (tests/scripts/test_bench.py), then the team study's quick arms
     (tests/trainer/test_team_study_quick.py), then the relay's quick main runs
     (tests/scripts/test_relay_runs_quick.py). Not for `--collect-only`, which runs no test (it
@@ -66,6 +73,15 @@ def pytest_collection_finish(session):
         return
     modules = {item.module.__name__.rsplit(".", 1)[-1] for item in session.items}
     jobs = {}
+    if any("smoke_run" in item.fixturenames for item in session.items):
+        from tests.lane_jobs import job
+
+        jobs |= {"smoke_run": job("smoke_run", SMOKE_RUN)}
+    if "test_readme" in modules:
+        from tests.docs import test_readme
+
+        if any(item.originalname == test_readme.TRAINS for item in session.items):
+            jobs |= test_readme.lane_jobs()
     if "test_bench" in modules:
         from tests.scripts import test_bench
 
@@ -90,7 +106,7 @@ def pytest_collection_finish(session):
         # per test (pyproject.toml: 600 s; the team study's test ran out of it on a loaded box)
         bound = sum(deadline_s for _, deadline_s in jobs.values()) + 600
         for item in session.items:
-            if hasattr(item.module, "lane_jobs"):
+            if waits_for_lane(item):
                 item.add_marker(pytest.mark.timeout(bound), append=False)
 
 
@@ -163,7 +179,7 @@ def wait_for_memory(who: str, gib: float) -> None:
 def pytest_runtest_setup(item):
     """Before the test's own fixtures start: the memory that its `needs_memory_gb` mark names. The
     first test that waits for a lane job marks the end of the main tests (they run first)."""
-    if hasattr(item.module, "lane_jobs") and "start" in CPU and "main" not in CPU:
+    if waits_for_lane(item) and "start" in CPU and "main" not in CPU:
         CPU.update(main=cpu_times(), main_s=time.monotonic() - CPU["since"])
     if (mark := item.get_closest_marker("needs_memory_gb")) is not None:
         wait_for_memory(item.nodeid, mark.args[0])
@@ -264,24 +280,24 @@ def tied_engine(ray_cluster, tiny_tied_path, engine_cfg):
     ray.kill(e)
 
 
-@pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory):
-    """`make smoke`'s run, once per session, as a user starts it: `scripts/train.py experiment=smoke`
-    (20 steps, 32 held-out items; traces written at steps 10 and 20). Returns (run_dir, the finished
-    process); tests that read different facts of the run share it (tests/scripts/test_train_script.py,
-    test_evaluate.py), each asserting the exit code it needs."""
-    import subprocess
+SMOKE_RUN = Path(tempfile.gettempdir()) / f"tracerl-smoke-run-{os.getpid()}"
 
-    run_dir = tmp_path_factory.mktemp("smoke_run")
-    wait_for_memory("tests/conftest.py::smoke_run (a Ray, an engine and learner ranks of its own)", 4)
-    proc = subprocess.run(
-        [sys.executable, "scripts/train.py", "experiment=smoke", f"run_dir={run_dir}", "trainer.rollouts_every=10"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    return run_dir, proc
+
+@pytest.fixture(scope="session")
+def smoke_run():
+    """`make smoke`'s run, once per session, as a user starts it: `scripts/train.py experiment=smoke`
+    (20 steps, 32 held-out items; traces written at steps 10 and 20), a Ray of its own. It runs in
+    the background lane from the session's start (tests/lane_jobs.py smoke_run), and the tests that
+    read it run last. Returns (run_dir, the finished process: returncode, stdout, stderr); tests that
+    read different facts of the run share it (tests/scripts/test_train_script.py, test_evaluate.py),
+    each asserting the exit code it needs."""
+    import shutil
+    from types import SimpleNamespace
+
+    try:
+        yield SMOKE_RUN, SimpleNamespace(**lane.result("smoke_run"))  # pytest_collection_finish launched it
+    finally:
+        shutil.rmtree(SMOKE_RUN, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

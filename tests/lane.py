@@ -163,6 +163,11 @@ def launched() -> bool:
     return bool(_workers)
 
 
+def queued(name: str) -> bool:
+    """Whether this session's lane runs the job `name`."""
+    return name in _jobs
+
+
 def result(name: str) -> dict:
     """The job's parsed last line, once it has run (its own deadline bounds the wait). The first
     call widens the lane to WORKERS_AT_THE_END: the tests that wait run after the main ones."""

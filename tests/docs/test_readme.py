@@ -5,15 +5,27 @@ and the command runs there. If the README's example breaks, this fails."""
 import json
 import os
 import re
-import subprocess
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests import lane
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 BLOCK = re.compile(r"<!-- runnable:? ?(\S*) -->\n```(\w+)\n(.*?)```", re.S)
+OUT = Path(tempfile.gettempdir()) / f"tracerl-readme-{os.getpid()}"
+TRAINS = "test_readme_harness_with_two_roles_and_a_frozen_third_trains"
+
+
+def lane_jobs() -> dict[str, tuple[list[str], float]]:
+    """The README's command runs in the background lane (tests/lane_jobs.py readme), a Ray of its own."""
+    from tests.lane_jobs import job
+
+    return {"readme": job("readme", OUT)}
 
 
 def runnable_blocks() -> list[tuple[str, str, str]]:
@@ -48,18 +60,18 @@ def test_docs_links_point_at_files_that_exist():
 
 
 @pytest.mark.e2e
-@pytest.mark.needs_memory_gb(5)  # scripts/train.py with a Ray of its own: two engines, learner ranks
-def test_readme_harness_with_two_roles_and_a_frozen_third_trains(tmp_path):
-    root = scratch_root(tmp_path)
-    blocks = runnable_blocks()
-    for file, _, text in blocks[:-1]:
-        (root / file).parent.mkdir(parents=True, exist_ok=True)
-        (root / file).write_text(text)
-    command = blocks[-1][2]
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    proc = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    run = root / re.search(r"run_dir=(\S+)", command)[1]
+def test_readme_harness_with_two_roles_and_a_frozen_third_trains():
+    """The README's files in a scratch root and its command run there: the lane's job (a Ray, two
+    engines and learner ranks of its own, beside the main tests), whose run this test reads."""
+    try:
+        proc = lane.result("readme")
+        assert proc["returncode"] == 0, proc["stdout"][-2000:] + proc["stderr"][-4000:]
+        check_readme_run(Path(proc["run"]))
+    finally:
+        shutil.rmtree(OUT, ignore_errors=True)
+
+
+def check_readme_run(run: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["trainable_policies"] == ["main"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

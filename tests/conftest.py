@@ -77,6 +77,21 @@ def pytest_collection_finish(session):
         from tests.lane_jobs import job
 
         jobs |= {"smoke_run": job("smoke_run", SMOKE_RUN)}
+    if "test_faults" in modules:
+        from tests.trainer import test_faults
+
+        if any(item.originalname == test_faults.KILLED_TEST for item in session.items):
+            jobs |= test_faults.lane_jobs()
+    if "test_engine" in modules:
+        from tests.rollout.engine import test_engine
+
+        if any(item.originalname == test_engine.KILLED_CORE_TEST for item in session.items):
+            jobs |= test_engine.lane_jobs()
+    if "test_relay_quick" in modules:
+        from tests.scripts import test_relay_quick
+
+        if any(item.originalname == test_relay_quick.FRESH_TEST for item in session.items):
+            jobs |= test_relay_quick.lane_jobs()
     if "test_readme" in modules:
         from tests.docs import test_readme
 

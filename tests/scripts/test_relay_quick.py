@@ -1,19 +1,25 @@
 """scripts/relay.py, the relay experiment's pilot gate. The published pilots (docs/results/relay_pilot/
 ops1 and ops2) are recomputed from their committed per-item files, every evaluation reused: the
 script must give their committed pilot.json again. One condition is evaluated fresh on the tiny
-model (scripts/evaluate.py, 8 stories), as the pilot ran each: its items and meta are what the gate
-reads, and a second call reuses them. (Each evaluation is a Ray, an engine and a worker of its own,
-~23 CPU-s: the other two conditions differ from this one only in their overrides.)
+model (scripts/evaluate.py, 8 stories; in the background lane), as the pilot ran each: its items
+and meta are what the gate reads, and a second call reuses them. (Each evaluation is an engine and
+a worker of its own, ~20 CPU-s: the other two conditions differ from this one only in overrides.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from scripts.relay import CONDITIONS, QUICK, ROOT, gate, main, run_condition
+from tests import lane
 from trainer.config import compose
 from trainer.results import read_items
 
@@ -43,18 +49,40 @@ def test_a_published_pilot_is_what_the_script_makes_of_its_items(ops, tmp_path, 
     assert all(set(r["tokens_by_role"]) <= {"reader"} for r in items["oracle"])  # exact arithmetic: no calculator
 
 
+OUT = Path(tempfile.gettempdir()) / f"tracerl-relay-condition-{os.getpid()}"
+OVERRIDES = [*CONDITIONS["team"], "task.params.operations=1", *QUICK]
+FRESH_TEST = "test_a_condition_evaluated_fresh_writes_the_items_the_gate_reads"
+
+
+def lane_jobs() -> dict[str, tuple[list[str], float]]:
+    code = f"from tests.scripts.test_relay_quick import fresh_condition; fresh_condition({str(OUT)!r})"
+    return {"relay_condition": (["-c", code], 900)}
+
+
+def fresh_condition(out: str) -> None:
+    """The lane's job: the team condition evaluated, then asked for again; a JSON line of both."""
+    out_dir, work = Path(out) / "out", Path(out) / "work"
+    for d in (out_dir, work):  # as main makes them
+        d.mkdir(parents=True)
+    first = run_condition("team", OVERRIDES, out_dir, work, timeout_s=600)
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        again = run_condition("team", OVERRIDES, out_dir, work, timeout_s=600)
+    print(json.dumps({"items": first, "again": again, "said": said.getvalue()}))
+
+
 @pytest.mark.e2e
-@pytest.mark.needs_memory_gb(4)  # evaluate.py: a Ray, an engine and a worker of its own
-def test_a_condition_evaluated_fresh_writes_the_items_the_gate_reads(tmp_path, capsys):
-    overrides = [*CONDITIONS["team"], "task.params.operations=1", *QUICK]
-    for d in ("out", "work"):  # as main makes them
-        (tmp_path / d).mkdir()
-    recs = run_condition("team", overrides, tmp_path / "out", tmp_path / "work", timeout_s=900)
-    assert [r["id"] for r in recs] == [f"story_sum/eval/{i}" for i in range(8)]
-    assert all(set(r["tokens_by_role"]) <= {"reader", "calculator"} and "reward" in r for r in recs), recs[0]
-    meta = json.loads((tmp_path / "out" / "team.meta.json").read_text())
-    assert meta["overrides"] == overrides and len(meta["commit"]) == 40 and meta["wall_s"] > 0
-    assert read_items(tmp_path / "out" / "team.items.jsonl.gz") == recs
-    capsys.readouterr()
-    assert run_condition("team", overrides, tmp_path / "out", tmp_path / "work", timeout_s=900) == recs
-    assert "evaluated already" in capsys.readouterr().out
+def test_a_condition_evaluated_fresh_writes_the_items_the_gate_reads():
+    """The background lane's job (fresh_condition): scripts/evaluate.py on the team condition, then
+    the same call again."""
+    try:
+        r = lane.result("relay_condition")
+        recs = r["items"]
+        assert [x["id"] for x in recs] == [f"story_sum/eval/{i}" for i in range(8)]
+        assert all(set(x["tokens_by_role"]) <= {"reader", "calculator"} and "reward" in x for x in recs), recs[0]
+        meta = json.loads((OUT / "out" / "team.meta.json").read_text())
+        assert meta["overrides"] == OVERRIDES and len(meta["commit"]) == 40 and meta["wall_s"] > 0
+        assert read_items(OUT / "out" / "team.items.jsonl.gz") == recs
+        assert r["again"] == recs and "evaluated already" in r["said"]
+    finally:
+        shutil.rmtree(OUT, ignore_errors=True)

@@ -1,8 +1,12 @@
 """Faults a long run meets, on the real stack: checkpoints cut short, a damaged checkpoint, a
 reused run dir, a learner rank that dies or hangs, a harness that always fails."""
 
+import json
+import os
 import shutil
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import ray
@@ -10,12 +14,23 @@ import torch
 
 from rollout.testing.faults import Injector
 from rollout.trace import Sequence, Trace, TraceError
+from tests import lane
 from tests.conftest import fake_checkpoint, read_metrics
 from trainer import checkpoint
 from trainer.config import LearnerConfig, LossConfig, compose
 from trainer.learner_group import LearnerGroup
 from trainer.loop import check_failures, train
 from trainer.run_dir import check_run_dir, start_run_dir
+
+KILLED = Path(tempfile.gettempdir()) / f"tracerl-faults-killed-{os.getpid()}"
+KILLED_STEPS = 6
+KILLED_TEST = "test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine"
+
+
+def lane_jobs() -> dict[str, tuple[list[str], float]]:
+    """The killed-engines run goes in the background lane (killed_engines_run), beside the main tests."""
+    code = f"from tests.trainer.test_faults import killed_engines_run; killed_engines_run({str(KILLED)!r})"
+    return {"killed_engines": (["-c", code], 900)}
 
 
 @pytest.mark.unit
@@ -178,8 +193,7 @@ def test_a_run_whose_traces_all_fail_stops_with_the_error(ray_cluster, tmp_path)
 
 
 @pytest.mark.e2e
-@pytest.mark.needs_memory_gb(5)  # two engines (trained, frozen), two learner ranks, restarts
-def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_cluster, tmp_path):
+def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine():
     """SIGKILL of the trained policy's engine in step 2 and of the rollout worker in step 3, SIGSTOP of
     the frozen policy's engine in step 4, SIGKILL of both engines half a second apart in step 5 (as
     when a node goes), each engine struck once it has requests in flight (so a step later when a
@@ -187,13 +201,51 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
     the hung one and has it restarted; the requests they cut short are sent again to the restarted
     engines, the worker's unfinished groups run again. Every step still trains exactly its groups,
     none failed, and the restarted engines sample from the learner's weights (the importance ratio
-    stays at 1 to float noise, as it would not if they served the base model)."""
-    steps = 6
+    stays at 1 to float noise, as it would not if they served the base model). The run is the
+    background lane's job (killed_engines_run, a Ray of its own beside the main tests)."""
+    try:
+        result = lane.result("killed_engines")
+        summary, tmp_path, steps = result["summary"], KILLED, KILLED_STEPS
+        assert len(result["injected"]) == 5 and not result["errors"], result
+        assert summary["engine_restarts"] == 4 and summary["engines_hung"] == 1, summary
+        rows = [m for m in read_metrics(tmp_path) if "rollout/reward" in m]
+        assert [m["step"] for m in rows] == list(range(1, steps + 1))
+        assert all(m["rollout/traces"] == 64 and m["rollout/failed"] == 0 for m in rows), rows
+        # The Injector strikes an engine once it has requests in flight: in the step after `after_step`
+        # or, when that step's rollout was already done (the thread core is fast), in the next one.
+        assert sum(m["rollout/resent"] > 0 for m in rows) >= 2, (
+            "the requests the killed engines cut short were sent again",
+            [m["rollout/resent"] for m in rows],
+        )
+        # a restart is counted when the restarted engine takes its first request: in the step of its
+        # fault, or (seen once in CI for the frozen engine of step 5) in the next one
+        restarts = [m["rollout/engine_restarts"] for m in rows]
+        assert restarts[0] == 0 and 1 in restarts and restarts[-1] == 4, restarts
+        assert restarts == sorted(restarts), restarts
+        assert summary["worker_restarts"] == 1
+        # the engine's behaviour log-probs are the learner's to float noise at every step (base weights
+        # served after a restart would put the importance ratio far from 1 at these learning rates)
+        assert max(abs(m["train/main/ratio_max"] - 1) for m in rows) < 1e-3, [m["train/main/ratio_max"] for m in rows]
+        # the weights went over the collective group, which reopened with the restarted engines
+        assert summary["policies"]["main"]["sync"] == "CollectiveSync"
+        assert rows[0]["sync/main/fallbacks"] == 0 and rows[-1]["sync/main/fallbacks"] == 0, [
+            m["sync/main/fallbacks"] for m in rows
+        ]
+    finally:
+        shutil.rmtree(KILLED, ignore_errors=True)
+
+
+def killed_engines_run(run_dir: str) -> None:
+    """The lane's job for the test above: the run, its faults injected; its summary and the
+    injector's record as a JSON line. A Ray of its own, not the lane's cluster: the injector finds
+    the actors it strikes by name."""
+    os.environ.pop("TRACERL_RAY_ADDRESS", None)
+    steps = KILLED_STEPS
     cfg = compose(
         "train",
         [
             "experiment=smoke",
-            f"run_dir={tmp_path}",
+            f"run_dir={run_dir}",
             f"trainer.steps={steps}",
             "eval.size=0",
             "harness=solver_verifier",
@@ -205,7 +257,7 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
         ],
     )
     with Injector(
-        tmp_path,
+        Path(run_dir),
         [
             (1, "tracerl-engine-main-0-", "info", "kill"),  # SIGKILL
             (2, "tracerl-worker-0-", "stats", "kill"),
@@ -215,28 +267,5 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine(ray_clu
         ],
     ) as injector:  # 0.5 s later
         summary = train(cfg)
-    assert len(injector.injected) == 5 and not injector.errors, (injector.injected, injector.errors)
-    assert summary["engine_restarts"] == 4 and summary["engines_hung"] == 1, summary
-    rows = [m for m in read_metrics(tmp_path) if "rollout/reward" in m]
-    assert [m["step"] for m in rows] == list(range(1, steps + 1))
-    assert all(m["rollout/traces"] == 64 and m["rollout/failed"] == 0 for m in rows), rows
-    # The Injector strikes an engine once it has requests in flight: in the step after `after_step`
-    # or, when that step's rollout was already done (the thread core is fast), in the next one.
-    assert sum(m["rollout/resent"] > 0 for m in rows) >= 2, (
-        "the requests the killed engines cut short were sent again",
-        [m["rollout/resent"] for m in rows],
-    )
-    # a restart is counted when the restarted engine takes its first request: in the step of its
-    # fault, or (seen once in CI for the frozen engine of step 5) in the next one
-    restarts = [m["rollout/engine_restarts"] for m in rows]
-    assert restarts[0] == 0 and 1 in restarts and restarts[-1] == 4, restarts
-    assert restarts == sorted(restarts), restarts
-    assert summary["worker_restarts"] == 1
-    # the engine's behaviour log-probs are the learner's to float noise at every step (base weights
-    # served after a restart would put the importance ratio far from 1 at these learning rates)
-    assert max(abs(m["train/main/ratio_max"] - 1) for m in rows) < 1e-3, [m["train/main/ratio_max"] for m in rows]
-    # the weights went over the collective group, which reopened with the restarted engines
-    assert summary["policies"]["main"]["sync"] == "CollectiveSync"
-    assert rows[0]["sync/main/fallbacks"] == 0 and rows[-1]["sync/main/fallbacks"] == 0, [
-        m["sync/main/fallbacks"] for m in rows
-    ]
+    ray.shutdown()  # no line of Ray's after the result (its log lines reach this process's stdout)
+    print(json.dumps({"summary": summary, "injected": injector.injected, "errors": injector.errors}))

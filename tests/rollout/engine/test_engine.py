@@ -9,6 +9,7 @@ from safetensors.torch import save
 
 from rollout.config import ModelConfig, SamplingConfig
 from rollout.orchestration.cluster import spawn_engines, spawn_stores
+from tests import lane
 from tests.conftest import chat_prompt, hf_logprobs
 
 
@@ -197,34 +198,56 @@ def test_the_watchdog_tells_a_busy_engine_from_a_hung_one(ray_cluster, tiny_path
 
 
 @pytest.mark.e2e
-def test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals(ray_cluster, tiny_path):
+def test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals():
     """engine.core=process (vLLM's AsyncLLM, the GPU default): its engine-core child process dies
     (the OOM killer, a CUDA fault), not the actor: the next call that meets the dead core ends the
-    actor, Ray restarts it, and the router sends the request again to a new process."""
+    actor, Ray restarts it, and the router sends the request again to a new process. Run as the
+    background lane's job (killed_core_run, a Ray of its own beside the main tests)."""
+    r = lane.result("killed_core")
+    assert r["cores"] and r["cores_are_children"], "vLLM's engine core runs in a child process of the actor"
+    assert r["completion_tokens"] > 0 and r["resent"] == 1, "sent again to the restarted engine"
+    assert r["pid_after"] != r["pid"], "a new engine process serves"
+
+
+KILLED_CORE_TEST = "test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals"
+
+
+def lane_jobs() -> dict[str, tuple[list[str], float]]:
+    code = "from tests.rollout.engine.test_engine import killed_core_run; killed_core_run()"
+    return {"killed_core": (["-c", code], 600)}
+
+
+def killed_core_run() -> None:
+    """The lane's job for the test above: a process-core engine whose core processes are killed,
+    then a request through the router; what happened as a JSON line."""
     import asyncio
+    import json
 
     import psutil
 
-    from rollout.config import EngineConfig
+    from rollout.config import EngineConfig, RayConfig
+    from rollout.models import resolve_model
+    from rollout.orchestration.cluster import start_ray
     from rollout.orchestration.router import Router
 
+    os.environ.pop("TRACERL_RAY_ADDRESS", None)  # a Ray of its own: Ray restarts this engine in it
+    start_ray(RayConfig(address="local", num_cpus=4))
     cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, core="process", max_restarts=1)
     stores = {"main": spawn_stores(["main"])}  # with a store, Ray restarts a dead engine
-    [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), cfg)}, stores=stores)["main"]
-    try:
-        info = ray.get(e.info.remote(), timeout=60)
-        pid = info["pid"]
-        cores = [psutil.Process(core) for core in info["core_pids"]]
-        assert cores and all(c.ppid() == pid for c in cores), "vLLM's engine core runs in a child process of the actor"
-        for core in cores:
-            core.kill()
-        psutil.wait_procs(cores, timeout=30)
-        router = Router([e], "main", timeout_s=300, restart_timeout_s=300)
-        [c] = asyncio.run(router.generate("trace-0", [5, 6, 7], SamplingConfig(max_tokens=4)))
-        assert len(c.completion_ids) > 0 and router.resent["trace-0"] == 1, "sent again to the restarted engine"
-        assert ray.get(e.info.remote(), timeout=60)["pid"] != pid, "a new engine process serves"
-    finally:
-        ray.kill(e)
+    [e] = spawn_engines({"main": (resolve_model("tiny"), ModelConfig(name="tiny"), cfg)}, stores=stores)["main"]
+    info = ray.get(e.info.remote(), timeout=60)
+    cores = [psutil.Process(core) for core in info["core_pids"]]
+    found = {"pid": info["pid"], "cores": len(cores), "cores_are_children": all(c.ppid() == info["pid"] for c in cores)}
+    for core in cores:
+        core.kill()
+    psutil.wait_procs(cores, timeout=30)
+    router = Router([e], "main", timeout_s=300, restart_timeout_s=300)
+    [c] = asyncio.run(router.generate("trace-0", [5, 6, 7], SamplingConfig(max_tokens=4)))
+    found |= {"completion_tokens": len(c.completion_ids), "resent": router.resent["trace-0"]}
+    found["pid_after"] = ray.get(e.info.remote(), timeout=60)["pid"]
+    ray.kill(e)
+    ray.shutdown()
+    print(json.dumps(found))
 
 
 @pytest.mark.integration

@@ -9,6 +9,7 @@ test modules use live here too (`from tests.conftest import ...`).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import sys
@@ -77,26 +78,12 @@ def pytest_collection_finish(session):
         from tests.lane_jobs import job
 
         jobs |= {"smoke_run": job("smoke_run", SMOKE_RUN)}
-    if "test_faults" in modules:
-        from tests.trainer import test_faults
-
-        if any(item.originalname == test_faults.KILLED_TEST for item in session.items):
-            jobs |= test_faults.lane_jobs()
-    if "test_engine" in modules:
-        from tests.rollout.engine import test_engine
-
-        if any(item.originalname == test_engine.KILLED_CORE_TEST for item in session.items):
-            jobs |= test_engine.lane_jobs()
-    if "test_relay_quick" in modules:
-        from tests.scripts import test_relay_quick
-
-        if any(item.originalname == test_relay_quick.FRESH_TEST for item in session.items):
-            jobs |= test_relay_quick.lane_jobs()
-    if "test_readme" in modules:
-        from tests.docs import test_readme
-
-        if any(item.originalname == test_readme.TRAINS for item in session.items):
-            jobs |= test_readme.lane_jobs()
+    # a module whose one test reads a lane job (its LANE_TEST): the job only when that test is selected
+    for path in LANE_TEST_MODULES:
+        if path.rsplit(".", 1)[1] in modules:
+            module = importlib.import_module(path)
+            if any(item.originalname == module.LANE_TEST for item in session.items):
+                jobs |= module.lane_jobs()
     if "test_bench" in modules:
         from tests.scripts import test_bench
 
@@ -296,6 +283,12 @@ def tied_engine(ray_cluster, tiny_tied_path, engine_cfg):
 
 
 SMOKE_RUN = Path(tempfile.gettempdir()) / f"tracerl-smoke-run-{os.getpid()}"
+LANE_TEST_MODULES = (
+    "tests.trainer.test_faults",
+    "tests.rollout.engine.test_engine",
+    "tests.scripts.test_relay_quick",
+    "tests.docs.test_readme",
+)
 
 
 @pytest.fixture(scope="session")

@@ -78,12 +78,12 @@ def pytest_collection_finish(session):
         from tests.lane_jobs import job
 
         jobs |= {"smoke_run": job("smoke_run", SMOKE_RUN)}
-    # a module whose one test reads a lane job (its LANE_TEST): the job only when that test is selected
+    # a module whose tests read lane jobs (its LANE_TESTS: test -> job): the jobs of the selected tests
     for path in LANE_TEST_MODULES:
         if path.rsplit(".", 1)[1] in modules:
             module = importlib.import_module(path)
-            if any(item.originalname == module.LANE_TEST for item in session.items):
-                jobs |= module.lane_jobs()
+            wanted = {module.LANE_TESTS.get(item.originalname) for item in session.items if item.module is module}
+            jobs |= {name: spec for name, spec in module.lane_jobs().items() if name in wanted}
     if "test_bench" in modules:
         from tests.scripts import test_bench
 
@@ -288,6 +288,7 @@ LANE_TEST_MODULES = (
     "tests.rollout.engine.test_engine",
     "tests.scripts.test_relay_quick",
     "tests.docs.test_readme",
+    "tests.scripts.test_submit",
 )
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 BLOCK = re.compile(r"<!-- runnable:? ?(\S*) -->\n```(\w+)\n(.*?)```", re.S)
 OUT = Path(tempfile.gettempdir()) / f"tracerl-readme-{os.getpid()}"
-LANE_TEST = "test_readme_harness_with_two_roles_and_a_frozen_third_trains"
+LANE_TESTS = {"test_readme_harness_with_two_roles_and_a_frozen_third_trains": "readme"}
 
 
 def lane_jobs() -> dict[str, tuple[list[str], float]]:

@@ -51,7 +51,7 @@ def test_a_published_pilot_is_what_the_script_makes_of_its_items(ops, tmp_path, 
 
 OUT = Path(tempfile.gettempdir()) / f"tracerl-relay-condition-{os.getpid()}"
 OVERRIDES = [*CONDITIONS["team"], "task.params.operations=1", *QUICK]
-LANE_TEST = "test_a_condition_evaluated_fresh_writes_the_items_the_gate_reads"
+LANE_TESTS = {"test_a_condition_evaluated_fresh_writes_the_items_the_gate_reads": "relay_condition"}
 
 
 def lane_jobs() -> dict[str, tuple[list[str], float]]:

@@ -27,10 +27,30 @@ from pathlib import Path
 
 import pytest
 
+from tests import lane
 from tests.conftest import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
+# The two clusters' tests are mostly waits (Ray's node starts, the job's polling: ~25 CPU-s in
+# ~100 s): their clusters run in the background lane (tests/lane.py) beside the main tests, each a
+# job function below that prints what its test asserts.
+LANE_TESTS = {
+    "test_submit_to_two_node_cluster": "two_node_submission",
+    "test_submit_refuses_a_head_without_auth": "head_without_auth",
+}
+RUNS = Path(tempfile.gettempdir()) / f"tracerl-submit-{os.getpid()}"
+
+
+def lane_jobs() -> dict[str, tuple[list[str], float]]:
+    return {
+        job: (["-c", f"from tests.scripts.test_submit import {job}; {job}({str(RUNS / job)!r})"], 900)
+        for job in LANE_TESTS.values()
+    }
+
+
+def outcome(proc: subprocess.CompletedProcess) -> dict:
+    return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
 
 
 def free_port() -> int:
@@ -91,14 +111,16 @@ def get(url: str, token: str | None = None) -> int:
 
 # ---- token auth on a fresh head ------------------------------------------------------------
 
-AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
-
 
 def fresh_machine(home: Path, **extra: str) -> dict:
-    """The environment of a machine that never ran Ray: an empty HOME (no ~/.ray/auth_token)
-    and no Ray auth settings."""
+    """The environment of a machine that never ran Ray: an empty HOME (no ~/.ray/auth_token),
+    no Ray auth settings and no cluster to join (the lane's, for one)."""
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RAY_AUTH") and k not in ("RAY_ADDRESS", "TRACERL_RAY_ADDRESS")
+    }
     # SIGTERM stops the node at once instead of draining it for 30 s (nothing to drain here)
     return {**env, "HOME": str(home), "PYTHON": sys.executable, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **extra}
 
@@ -159,24 +181,65 @@ def ray_job(args: list[str], url: str, env: dict) -> subprocess.CompletedProcess
 
 
 PRINT_ONE = ["submit", "--", sys.executable, "-c", "print('job', 'ran')"]  # prints 'job ran'
+PRINT_ONE = ["submit", "--", sys.executable, "-c", "print('job', 'ran')"]  # prints 'job ran'
 
 
 @pytest.mark.e2e
-@pytest.mark.needs_memory_gb(6)  # two Ray nodes and a job training two policies over them
-def test_submit_to_two_node_cluster(tmp_path):
+def test_submit_to_two_node_cluster():
     """The README's cluster, from fresh machines: the head made with scripts/ray_start.sh makes its
     token and refuses jobs without it; a job submitted with it trains two policies over two nodes."""
+    seen = lane.result("two_node_submission")  # its job fails if the head's auth mode is not token
+    assert seen["token_readable_by_others"] == 0, "the generated token is readable by others"
+    assert seen["version_with_token"] == 200 and seen["version_without"] == 401, "the dashboard wants it"
+    refused, wrong, script, accepted = (seen[k] for k in ("refused", "wrong", "script", "accepted"))
+    assert refused["returncode"] != 0 and "job ran" not in refused["stdout"], refused
+    assert "Authentication required" in refused["stdout"] + refused["stderr"], refused["stderr"][-2000:]
+    assert wrong["returncode"] != 0 and "Authentication failed" in wrong["stdout"] + wrong["stderr"], wrong
+    # submit.sh says what is missing before it uploads anything
+    assert script["returncode"] != 0 and "requires a token" in script["stderr"], script["stderr"][-2000:]
+    assert accepted["returncode"] == 0 and "job ran" in accepted["stdout"], accepted
+
+    proc = seen["submit"]
+    assert proc["returncode"] == 0, (proc["stdout"] + proc["stderr"])[-4000:]
+    assert "succeeded" in proc["stdout"] + proc["stderr"]
+    # with the token: the one-line job and the training job (submit.sh found the token where the
+    # CLI does and sent it, RAY_AUTH_MODE unset in `client`); none without it
+    assert len(seen["jobs"]) == 2, f"only the jobs with the token ran: {seen['jobs']}"
+    run_dir = Path(seen["run_dir"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    main, critic = summary["policies"]["main"], summary["policies"]["critic"]
+    [head] = main["engine_nodes"]
+    assert len(main["learner_nodes"]) == 2 and set(main["learner_nodes"]) != {head}, "main's ranks on node 2"
+    [node2] = set(main["learner_nodes"])
+    assert critic["engine_nodes"] == [node2] and critic["learner_nodes"] == [node2], "critic on node 2"
+    assert main["trained_tokens"] > 0 and critic["trained_tokens"] > 0 and critic["version"] == 2
+    # weights crossed nodes over each policy's collective group (learners on node 2, main's engine on the head)
+    assert main["sync"] == critic["sync"] == "CollectiveSync"
+    pushes = [
+        m[f"sync/{p}/fallbacks"] for m in read_metrics(run_dir) for p in ("main", "critic") if f"sync/{p}/seconds" in m
+    ]
+    assert len(pushes) == 4 and not any(pushes), pushes
+    shutil.rmtree(RUNS / "two_node_submission", ignore_errors=True)
+
+
+def two_node_submission(out: str) -> None:
+    """The lane's job for the test above (two Ray nodes and a job training two policies over them:
+    ~5 GiB): the head started with scripts/ray_start.sh on a fresh machine, the jobs without and
+    with its token, then the training job submitted with scripts/submit.sh; what each did as a
+    JSON line, the run's files left in `out`/run."""
+    tmp = Path(out)
+    tmp.mkdir(parents=True)
     cache = os.environ.get("TRACERL_CACHE", str(Path.home() / ".cache" / "tracerl"))  # the built models
     # and vLLM's model-info cache: in a cold one each engine's first start inspects the model in a
     # subprocess of its own (~8 CPU-s), a machine's first run only
     vllm_cache = os.environ.get("VLLM_CACHE_ROOT", str(Path.home() / ".cache" / "vllm"))
-    env = fresh_machine(tmp_path / "cluster", TRACERL_CACHE=cache, VLLM_CACHE_ROOT=vllm_cache)  # both nodes' HOME
+    env = fresh_machine(tmp / "cluster", TRACERL_CACHE=cache, VLLM_CACHE_ROOT=vllm_cache)  # both nodes' HOME
     ray_start = ("bash", str(ROOT / "scripts/ray_start.sh"))  # the nodes start as the README says
     # short temp dirs: Ray's unix socket paths must stay under 107 bytes
     short = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))
     gcs, dash = free_port(), free_port()
     url = f"http://127.0.0.1:{dash}"
-    logs = open(tmp_path / "ray.log", "w")
+    logs = open(tmp / "ray.log", "w")
     nodes = [
         start(
             [
@@ -196,7 +259,7 @@ def test_submit_to_two_node_cluster(tmp_path):
         )
     ]
     try:
-        token = refuses_jobs_without_the_token(url, tmp_path)
+        seen = without_and_with_the_token(url, tmp)
         nodes.append(
             start(
                 [
@@ -210,8 +273,8 @@ def test_submit_to_two_node_cluster(tmp_path):
                 ray_start,
             )
         )
-        run_dir = tmp_path / "run"
-        client = fresh_machine(tmp_path / "client", TRACERL_CACHE=cache, RAY_AUTH_TOKEN=token)
+        run_dir = tmp / "run"
+        client = fresh_machine(tmp / "client", TRACERL_CACHE=cache, RAY_AUTH_TOKEN=seen["token"])
         for _ in range(24):  # the head's job agent starts a little after its dashboard
             proc = subprocess.run(
                 [
@@ -232,55 +295,29 @@ def test_submit_to_two_node_cluster(tmp_path):
                 env={**client, "RAY_ADDRESS": url},
                 capture_output=True,
                 text=True,
-                timeout=900,
+                timeout=600,
             )
             if "No available agent to submit job" not in proc.stderr:
                 break
             time.sleep(5)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-        assert "succeeded" in proc.stdout + proc.stderr
-        # with the token: the one-line job and the training job (submit.sh found the token where the
-        # CLI does and sent it, RAY_AUTH_MODE unset in `client`); none without it
-        jobs = submitted(url, token)
-        assert len(jobs) == 2, f"only the jobs with the token ran: {jobs}"
-        summary = json.loads((run_dir / "summary.json").read_text())
-        main, critic = summary["policies"]["main"], summary["policies"]["critic"]
-        [head] = main["engine_nodes"]
-        assert len(main["learner_nodes"]) == 2 and set(main["learner_nodes"]) != {head}, "main's ranks on node 2"
-        [node2] = set(main["learner_nodes"])
-        assert critic["engine_nodes"] == [node2] and critic["learner_nodes"] == [node2], "critic on node 2"
-        assert main["trained_tokens"] > 0 and critic["trained_tokens"] > 0 and critic["version"] == 2
-        # weights crossed nodes over each policy's collective group (learners on node 2, main's engine on the head)
-        assert main["sync"] == critic["sync"] == "CollectiveSync"
-        pushes = [
-            m[f"sync/{p}/fallbacks"]
-            for m in read_metrics(run_dir)
-            for p in ("main", "critic")
-            if f"sync/{p}/seconds" in m
-        ]
-        assert len(pushes) == 4 and not any(pushes), pushes
+        seen |= {"submit": outcome(proc), "jobs": submitted(url, seen["token"]), "run_dir": str(run_dir)}
     finally:
         stop(nodes)
         logs.close()
         shutil.rmtree(short, ignore_errors=True)
+    print(json.dumps(seen))
 
 
-def refuses_jobs_without_the_token(url: str, tmp_path: Path) -> str:
-    """A head started with scripts/ray_start.sh on a fresh machine (HOME tmp_path/cluster): it made
-    a token only its user reads, refuses jobs without it or with a wrong one (submit.sh says what
-    is missing before it uploads anything), and runs one with it. Returns the token."""
-    assert auth_mode(url) == "token", (tmp_path / "ray.log").read_text()[-3000:]
-    token_file = tmp_path / "cluster" / ".ray" / "auth_token"
-    assert token_file.stat().st_mode & 0o077 == 0, "the generated token is readable by others"
+def without_and_with_the_token(url: str, tmp: Path) -> dict:
+    """A head started with scripts/ray_start.sh on a fresh machine (HOME tmp/cluster) made a token:
+    its mode bits for others, the dashboard's answer with and without it, and one-line jobs without
+    it, with a wrong one (the CLI; submit.sh) and with it."""
+    if (mode := auth_mode(url)) != "token":  # the job fails, its test with this line
+        log = (tmp / "ray.log").read_text()[-2000:]
+        raise RuntimeError(f"the head has auth mode {mode!r}, not 'token'; its log:\n{log}")
+    token_file = tmp / "cluster" / ".ray" / "auth_token"
     token = token_file.read_text().strip()
-    assert get(f"{url}/api/version", token) == 200 and get(f"{url}/api/version") == 401, "the dashboard wants it"
-
-    client = fresh_machine(tmp_path / "no_token")  # another machine: no token
-    refused = ray_job(PRINT_ONE, url, client)
-    assert refused.returncode != 0 and "job ran" not in refused.stdout, refused.stdout + refused.stderr
-    assert "Authentication required" in refused.stdout + refused.stderr, refused.stderr[-2000:]
-    wrong = ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32})
-    assert wrong.returncode != 0 and "Authentication failed" in wrong.stdout + wrong.stderr, wrong.stderr[-2000:]
+    client = fresh_machine(tmp / "no_token")  # another machine: no token
     script = subprocess.run(
         ["bash", "scripts/submit.sh", "trainer.steps=1"],
         cwd=ROOT,
@@ -289,20 +326,38 @@ def refuses_jobs_without_the_token(url: str, tmp_path: Path) -> str:
         text=True,
         timeout=120,
     )
-    assert script.returncode != 0 and "requires a token" in script.stderr, script.stderr[-2000:]
-
-    accepted = ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
-    assert accepted.returncode == 0 and "job ran" in accepted.stdout, accepted.stdout + accepted.stderr
-    return token  # that submit.sh finds it where the CLI does and sends it: the training job it submits
+    return {
+        "token": token,
+        "token_readable_by_others": token_file.stat().st_mode & 0o077,
+        "version_with_token": get(f"{url}/api/version", token),
+        "version_without": get(f"{url}/api/version"),
+        "refused": outcome(ray_job(PRINT_ONE, url, client)),
+        "wrong": outcome(ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32})),
+        "script": outcome(script),
+        # that submit.sh finds the token where the CLI does and sends it: the training job it submits
+        "accepted": outcome(ray_job(PRINT_ONE, url, {**client, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})),
+    }
 
 
 @pytest.mark.e2e
-def test_submit_refuses_a_head_without_auth(tmp_path):
-    env = fresh_machine(tmp_path / "home")
-    # what the README used to say: plain `ray start --head` on a machine without a token
-    head, url, short = start_head([RAY, "start"], env, tmp_path)
+def test_submit_refuses_a_head_without_auth():
+    seen = lane.result("head_without_auth")
+    assert seen["auth_mode"] == "disabled", "Ray now turns auth on for `ray start` too: revisit ray_start.sh"
+    script = seen["script"]
+    assert script["returncode"] != 0, script
+    assert "WITHOUT token authentication" in script["stderr"] and "ray_start.sh" in script["stderr"], script
+    assert seen["jobs"] == [], "submit.sh submitted a job to a head without auth"
+
+
+def head_without_auth(out: str) -> None:
+    """The lane's job for the test above: what the README used to say, plain `ray start --head` on
+    a machine without a token, then scripts/submit.sh against it; a JSON line of what it did."""
+    tmp = Path(out)
+    tmp.mkdir(parents=True)
+    env = fresh_machine(tmp / "home")
+    head, url, short = start_head([RAY, "start"], env, tmp)
     try:
-        assert auth_mode(url) == "disabled", "Ray now turns auth on for `ray start` too: revisit ray_start.sh"
+        mode = auth_mode(url)
         script = subprocess.run(
             ["bash", "scripts/submit.sh", "trainer.steps=1"],
             cwd=ROOT,
@@ -311,12 +366,12 @@ def test_submit_refuses_a_head_without_auth(tmp_path):
             text=True,
             timeout=120,
         )
-        assert script.returncode != 0, script.stdout + script.stderr
-        assert "WITHOUT token authentication" in script.stderr and "ray_start.sh" in script.stderr, script.stderr
-        assert submitted(url) == [], "submit.sh submitted a job to a head without auth"
+        seen = {"auth_mode": mode, "script": outcome(script), "jobs": submitted(url)}
     finally:
         stop([head])
         shutil.rmtree(short, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(seen))
 
 
 @pytest.mark.unit

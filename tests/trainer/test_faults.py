@@ -24,7 +24,7 @@ from trainer.run_dir import check_run_dir, start_run_dir
 
 KILLED = Path(tempfile.gettempdir()) / f"tracerl-faults-killed-{os.getpid()}"
 KILLED_STEPS = 6
-LANE_TEST = "test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine"
+LANE_TESTS = {"test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine": "killed_engines"}
 
 
 def lane_jobs() -> dict[str, tuple[list[str], float]]:

@@ -209,7 +209,7 @@ def test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals():
     assert r["pid_after"] != r["pid"], "a new engine process serves"
 
 
-LANE_TEST = "test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals"
+LANE_TESTS = {"test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals": "killed_core"}
 
 
 def lane_jobs() -> dict[str, tuple[list[str], float]]:

@@ -117,6 +117,7 @@ class Engine:
         eager_sampler_on_cpu(cfg)
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from rollout.engine.clock import StepClock
         from rollout.engine.thread import ThreadedLLM
 
         self.pool = pool
@@ -128,8 +129,6 @@ class Engine:
         self._lora: dict = {}  # adapter policy -> its vLLM LoRARequest, once a version was pushed
         self._adapter_dir = Path(tempfile.mkdtemp(prefix="tracerl-lora-")) if self.adapters else None
         bind_cpu_cores(cfg)
-        from rollout.engine.clock import StepClock
-
         self._clock = StepClock()  # the engine-core steps' time (rollout/engine/clock.py)
         t0 = time.perf_counter()
         args = engine_args(model_path, cfg, dtype, max_model_len, seed, self.adapters)

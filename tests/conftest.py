@@ -106,7 +106,7 @@ def pytest_collection_finish(session):
         # a waiting test waits for the jobs queued before its own too, and each job is ended at its
         # own deadline: their sum (and the test's own checks) bound the wait, not pytest's timeout
         # per test (pyproject.toml: 600 s; the team study's test ran out of it on a loaded box)
-        bound = sum(deadline_s for _, deadline_s in jobs.values()) + 600
+        bound = sum(lane.Job(*spec).deadline_s for spec in jobs.values()) + 600
         for item in session.items:
             if waits_for_lane(item):
                 item.add_marker(pytest.mark.timeout(bound), append=False)

@@ -24,10 +24,23 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class Job(NamedTuple):
+    """`python <args>` from the repository root, ended at its deadline. `own_ray`: it starts a Ray of
+    its own, as a user's command does (the fault runs must: they strike actors by name), instead of
+    joining the lane's cluster."""
+
+    args: list[str]
+    deadline_s: float
+    own_ray: bool = False
+
+
 _jobs: dict[str, concurrent.futures.Future] = {}
-_queue: queue.SimpleQueue = queue.SimpleQueue()  # (name, args, deadline, future) in launch order; None ends a worker
+_queue: queue.SimpleQueue = queue.SimpleQueue()  # (name, Job, future) in launch order; None ends a worker
 _workers: list[threading.Thread] = []
 WORKERS_AT_THE_END = 2  # the box's cores
 # the second worker takes a job only while the machine uses less: a script run of the tiny model
@@ -92,19 +105,19 @@ def stop_cluster() -> None:
         proc.wait(timeout=60)
 
 
-def run_script(args: list[str], deadline_s: float, name: str | None = None) -> dict:
-    """Run `python <args>` from the repository root at nice 10; its last output line, parsed as
-    JSON. A non-zero exit or a last line that is not JSON fails with the output's tail. `name`:
-    its wall time is kept in `walls` under it."""
+def run_script(job: Job, name: str | None = None) -> dict:
+    """Run the job at nice 10, in the lane's cluster unless it has its own Ray; its last output
+    line, parsed as JSON. A non-zero exit or a last line that is not JSON fails with the output's
+    tail. `name`: its wall time is kept in `walls` under it."""
     t0 = time.monotonic()
-    env = {**script_env(), **_cluster.get("env", {})}
+    env = script_env() if job.own_ray else {**script_env(), **_cluster.get("env", {})}
     proc = subprocess.run(
-        ["nice", "-n", "10", sys.executable, *args],
+        ["nice", "-n", "10", sys.executable, *job.args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=deadline_s,
+        timeout=job.deadline_s,
     )
     if name is not None:
         walls[name] = (t0 - _since, time.monotonic() - t0)
@@ -136,10 +149,10 @@ def work(second: bool = False) -> None:
     if not second:
         start_cluster()
     while not (second and not room_for_a_second_job()) and (job := _queue.get()) is not None:
-        name, args, deadline_s, future = job
+        name, spec, future = job
         if future.set_running_or_notify_cancel():  # False: dropped by `stop`
             try:
-                future.set_result(run_script(args, deadline_s, name))
+                future.set_result(run_script(spec, name))
             except BaseException as e:  # the waiting test raises it
                 future.set_exception(e)
 
@@ -150,13 +163,13 @@ def add_worker() -> None:
     _workers.append(thread)
 
 
-def launch(jobs: dict[str, tuple[list[str], float]]) -> None:
-    """Queue each job (name -> (script args, deadline seconds)) in the lane, in the order given."""
+def launch(jobs: dict[str, Job | tuple[list[str], float]]) -> None:
+    """Queue each job (name -> Job, or (script args, deadline seconds)) in the lane, in the order given."""
     if not _workers:
         add_worker()
-    for name, (args, deadline_s) in jobs.items():
+    for name, spec in jobs.items():
         _jobs[name] = concurrent.futures.Future()
-        _queue.put((name, args, deadline_s, _jobs[name]))
+        _queue.put((name, Job(*spec), _jobs[name]))
 
 
 def launched() -> bool:

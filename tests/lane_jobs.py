@@ -1,7 +1,7 @@
 """Script runs that main tests read, run in the background lane (tests/lane.py) instead of in the
 middle of the suite: `python -c "from tests.lane_jobs import ...; ...(out)"` from the repository
 root; each prints one JSON line (the run's exit code and output: its test asserts them). They start
-a Ray of their own, as a user's command does (not the lane's cluster: TRACERL_RAY_ADDRESS dropped).
+a Ray of their own, as a user's command does (not the lane's cluster).
 """
 
 from __future__ import annotations
@@ -13,18 +13,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.lane import Job
+
 ROOT = Path(__file__).resolve().parents[1]
 RUN_S = 600  # each run's deadline; its lane job's is longer (the job waits for the run)
 JOB_S = 900
 
 
-def own_ray_env(**extra: str) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k != "TRACERL_RAY_ADDRESS"}, **extra}
-
-
-def job(function: str, out: Path) -> tuple[list[str], float]:
-    """A lane job (script args, deadline) that calls `function(out)` of this module."""
-    return ["-c", f"from tests.lane_jobs import {function}; {function}({str(out)!r})"], JOB_S
+def job(function: str, out: Path) -> Job:
+    """A lane job that calls `function(out)` of this module."""
+    return Job(["-c", f"from tests.lane_jobs import {function}; {function}({str(out)!r})"], JOB_S, own_ray=True)
 
 
 def report(proc: subprocess.CompletedProcess, **fields) -> None:
@@ -34,9 +32,7 @@ def report(proc: subprocess.CompletedProcess, **fields) -> None:
 def smoke_run(out: str) -> None:
     """`make smoke`'s run as a user starts it: scripts/train.py experiment=smoke into `out`."""
     args = ["scripts/train.py", "experiment=smoke", f"run_dir={out}", "trainer.rollouts_every=10"]
-    proc = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, env=own_ray_env(), capture_output=True, text=True, timeout=RUN_S
-    )
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=RUN_S)
     report(proc)
 
 
@@ -55,7 +51,7 @@ def readme(out: str) -> None:
     proc = subprocess.run(
         ["bash", "-c", command],
         cwd=root,
-        env=own_ray_env(WANDB_MODE="offline"),
+        env={**os.environ, "WANDB_MODE": "offline"},
         capture_output=True,
         text=True,
         timeout=RUN_S,

@@ -1,6 +1,6 @@
 """The background lane (tests/lane.py): one job at a time while the main tests run, two at once
 from the first test that waits for one (those run last) where the machine has room for a second,
-each job's failure raised in its test."""
+each job's failure raised in its test; a job with a Ray of its own is not told the lane's cluster."""
 
 from pathlib import Path
 
@@ -12,9 +12,9 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 # A job: says it started, then (job "a") holds its worker until the file `go` exists; its JSON
-# line names the jobs that had started by then.
+# line names the jobs that had started by then, and whether it was told to join the lane's cluster.
 JOB = """
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 d, name = Path(sys.argv[1]), sys.argv[2]
 (d / f"{name}.start").touch()
@@ -22,7 +22,8 @@ deadline = time.monotonic() + 60
 while name == "a" and not (d / "go").exists() and time.monotonic() < deadline:
     time.sleep(0.05)
 assert name != "a" or (d / "go").exists(), "never let go"
-print(json.dumps({"started": sorted(p.stem for p in d.glob("*.start"))}))
+joined = "TRACERL_RAY_ADDRESS" in os.environ
+print(json.dumps({"started": sorted(p.stem for p in d.glob("*.start")), "joined": joined}))
 """
 DRIVER = """
 import sys, threading, time
@@ -31,8 +32,8 @@ from tests import lane
 
 d = Path(sys.argv[1])
 lane.SECOND_JOB_BELOW_GIB = float(sys.argv[2])  # inf: always room; 0: never
-job = lambda name: (["-c", {job!r}, str(d), name], 120)
-lane.launch({{"a": job("a"), "b": job("b"), "fails": (["-c", "raise SystemExit(3)"], 60)}})
+job = lambda name, own_ray=False: lane.Job(["-c", {job!r}, str(d), name], 120, own_ray)
+lane.launch({{"a": job("a"), "b": job("b", own_ray=True), "fails": (["-c", "raise SystemExit(3)"], 60)}})
 
 def wait_for(path):
     deadline = time.monotonic() + 60
@@ -63,6 +64,7 @@ def test_the_lane_runs_one_job_until_a_test_waits_then_two_and_raises_a_jobs_fai
     driver.write_text(DRIVER.format(job=JOB))
     rc, out = run_bare_python([str(driver), str(tmp_path), below_gib], ROOT, timeout_s=300)
     assert rc == 0, out
-    assert f"a {{'started': {beside_a}}}" in out, out  # b started while a ran, where there was room
-    assert "fails raised AssertionError" in out and "b {'started': ['a', 'b']}" in out, out
+    # b started while a ran, where there was room; a joined the lane's Ray cluster, b (own_ray) did not
+    assert f"a {{'started': {beside_a}, 'joined': True}}" in out, out
+    assert "fails raised AssertionError" in out and "b {'started': ['a', 'b'], 'joined': False}" in out, out
     assert "background lane (job start+wall): " in out and all(f"{n} " in out for n in ("a", "b", "fails")), out

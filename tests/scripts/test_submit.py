@@ -42,9 +42,9 @@ LANE_TESTS = {
 RUNS = Path(tempfile.gettempdir()) / f"tracerl-submit-{os.getpid()}"
 
 
-def lane_jobs() -> dict[str, tuple[list[str], float]]:
+def lane_jobs() -> dict[str, lane.Job]:
     return {
-        job: (["-c", f"from tests.scripts.test_submit import {job}; {job}({str(RUNS / job)!r})"], 900)
+        job: lane.Job(["-c", f"from tests.scripts.test_submit import {job}; {job}({str(RUNS / job)!r})"], 900, True)
         for job in LANE_TESTS.values()
     }
 

@@ -27,10 +27,11 @@ KILLED_STEPS = 6
 LANE_TESTS = {"test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine": "killed_engines"}
 
 
-def lane_jobs() -> dict[str, tuple[list[str], float]]:
-    """The killed-engines run goes in the background lane (killed_engines_run), beside the main tests."""
+def lane_jobs() -> dict[str, lane.Job]:
+    """The killed-engines run goes in the background lane (killed_engines_run), beside the main
+    tests, with a Ray of its own: the injector finds the actors it strikes by name."""
     code = f"from tests.trainer.test_faults import killed_engines_run; killed_engines_run({str(KILLED)!r})"
-    return {"killed_engines": (["-c", code], 900)}
+    return {"killed_engines": lane.Job(["-c", code], 900, own_ray=True)}
 
 
 @pytest.mark.unit
@@ -237,9 +238,7 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine():
 
 def killed_engines_run(run_dir: str) -> None:
     """The lane's job for the test above: the run, its faults injected; its summary and the
-    injector's record as a JSON line. A Ray of its own, not the lane's cluster: the injector finds
-    the actors it strikes by name."""
-    os.environ.pop("TRACERL_RAY_ADDRESS", None)
+    injector's record as a JSON line."""
     steps = KILLED_STEPS
     cfg = compose(
         "train",

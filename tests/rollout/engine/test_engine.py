@@ -212,9 +212,9 @@ def test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals():
 LANE_TESTS = {"test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals": "killed_core"}
 
 
-def lane_jobs() -> dict[str, tuple[list[str], float]]:
+def lane_jobs() -> dict[str, lane.Job]:
     code = "from tests.rollout.engine.test_engine import killed_core_run; killed_core_run()"
-    return {"killed_core": (["-c", code], 600)}
+    return {"killed_core": lane.Job(["-c", code], 600, own_ray=True)}  # Ray restarts the engine in it
 
 
 def killed_core_run() -> None:
@@ -230,7 +230,6 @@ def killed_core_run() -> None:
     from rollout.orchestration.cluster import start_ray
     from rollout.orchestration.router import Router
 
-    os.environ.pop("TRACERL_RAY_ADDRESS", None)  # a Ray of its own: Ray restarts this engine in it
     start_ray(RayConfig(address="local", num_cpus=4))
     cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, core="process", max_restarts=1)
     stores = {"main": spawn_stores(["main"])}  # with a store, Ray restarts a dead engine

@@ -58,7 +58,11 @@ def test_only_finished_runs_are_reported(tmp_path):
     status = tmp_path / "relay" / "team_lora" / "seed1" / "status.json"
     status.write_text(json.dumps({**json.loads(status.read_text()), "state": "running"}))
     page, _ = check("<!-- results_check: relay_runs -->\n<!-- /results_check -->\n", tmp_path)
-    assert "| team_shared | 1 |" in page and "| team_lora |" not in page, page
+    # the running run's row is gone; the finished runs beside it, of its arm or another, keep theirs
+    assert "| team_lora | 1 |" not in page and "| team_shared | 1 |" in page, page
+    others = [p for p in (RESULTS / "relay" / "team_lora").glob("seed*/status.json") if p.parent.name != "seed1"]
+    finished = [p.parent.name.removeprefix("seed") for p in others if json.loads(p.read_text())["state"] == "finished"]
+    assert finished and all(f"| team_lora | {seed} |" in page for seed in finished), page
 
 
 def test_a_published_run_whose_summary_disagrees_with_its_items_is_refused(tmp_path):

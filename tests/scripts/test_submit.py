@@ -43,10 +43,8 @@ RUNS = Path(tempfile.gettempdir()) / f"tracerl-submit-{os.getpid()}"
 
 
 def lane_jobs() -> dict[str, lane.Job]:
-    return {
-        job: lane.Job(["-c", f"from tests.scripts.test_submit import {job}; {job}({str(RUNS / job)!r})"], 900, True)
-        for job in LANE_TESTS.values()
-    }
+    code = "from tests.scripts.test_submit import {0}; {0}({1!r})"
+    return {job: lane.Job(["-c", code.format(job, str(RUNS / job))], 900, own_ray=True) for job in LANE_TESTS.values()}
 
 
 def outcome(proc: subprocess.CompletedProcess) -> dict:
@@ -180,7 +178,6 @@ def ray_job(args: list[str], url: str, env: dict) -> subprocess.CompletedProcess
     return proc
 
 
-PRINT_ONE = ["submit", "--", sys.executable, "-c", "print('job', 'ran')"]  # prints 'job ran'
 PRINT_ONE = ["submit", "--", sys.executable, "-c", "print('job', 'ran')"]  # prints 'job ran'
 
 

@@ -9,7 +9,6 @@ test modules use live here too (`from tests.conftest import ...`).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import sys
@@ -39,18 +38,56 @@ TIERS = ("unit", "integration", "e2e")
 # ---- tiers: every test has exactly one ----------------------------------------------------
 
 
-def waits_for_lane(item) -> bool:
-    """A test that reads a background-lane job's result: its module's (`lane_jobs`), or the smoke run's."""
-    return hasattr(item.module, "lane_jobs") or "smoke_run" in item.fixturenames
+# Each lane job's wall time on a quiet fresh clone (2026-12-06, 0fc7d29, the main tests beside it; the
+# faults bench's quick run is the old killed-engines run): the lane runs the longest first, so that
+# what is left when the main tests end is short jobs that its two workers share, not one long job
+# (the suite's tail was 107-148 s with the team study and the relay's quick pipeline last). A job not
+# listed runs first, as if long.
+LANE_WALL_S = {
+    "team_study": 259,
+    "relay_runs_quick": 143,
+    "faults": 110,
+    "two_node_submission": 80,
+    "learner": 72,
+    "killed_core": 63,
+    "readme": 51,
+    "smoke_run": 46,
+    "e2e": 42,
+    "head_without_auth": 37,
+    "rollout_path": 35,
+    "bf16": 34,
+    "lora_ops": 33,
+    "relay_condition": 27,
+    "engine_start": 21,
+    "gateway_stall": 11,
+    "reward_hacks": 3,
+    "hostile": 2,
+    "tool_parser": 1,
+    "trace_io": 0,
+}
+
+
+def lane_job_of(item) -> str | None:
+    """The background-lane job a test reads, if any: the smoke run's (the `smoke_run` fixture), or
+    its module's: `LANE_TESTS` maps a test's name to its job's (or to a function of the test item
+    that names it: one job per parameter)."""
+    if "smoke_run" in item.fixturenames:
+        return "smoke_run"
+    job = getattr(item.module, "LANE_TESTS", {}).get(item.originalname)
+    return job(item) if callable(job) else job
+
+
+def lane_order(job: str) -> float:
+    return -LANE_WALL_S.get(job, float("inf"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: an untiered test must fail every run, not only `make test`
 def pytest_collection_modifyitems(config, items):
-    """Every test has one tier. The tests that wait for a background-lane job (their module has
-    `lane_jobs`, or they read `smoke_run`) run last, so that the suite works on while the lane does
-    (in the middle of the suite, the team study's wait held it up by ~100 s)."""
-    waits = [item for item in items if waits_for_lane(item)]
-    items[:] = [item for item in items if not waits_for_lane(item)] + waits
+    """Every test has one tier. The tests that wait for a background-lane job (`lane_job_of`) run
+    last, so that the suite works on while the lane does (in the middle of the suite, the team
+    study's wait held it up by ~100 s), in the order the lane runs their jobs."""
+    waits = sorted((item for item in items if lane_job_of(item)), key=lambda item: lane_order(lane_job_of(item)))
+    items[:] = [item for item in items if not lane_job_of(item)] + waits
     bad = [
         f"{item.nodeid}: {' + '.join(tiers) or 'no tier'}"
         for item in items
@@ -64,43 +101,24 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """The background lane (tests/lane.py) starts the selected tests' long script runs now: the
-    smoke run (the `smoke_run` fixture's) and the README's command (tests/docs/test_readme.py), the
-    quick benches (tests/scripts/test_bench.py), then the team study's quick arms
-    (tests/trainer/test_team_study_quick.py), then the relay's quick main runs
-    (tests/scripts/test_relay_runs_quick.py). Not for `--collect-only`, which runs no test (it
-    would wait for the job running at its end)."""
+    """The background lane (tests/lane.py) starts the long script runs that the selected tests read
+    (`lane_job_of`), longest first (`LANE_WALL_S`): the smoke run (the `smoke_run` fixture's,
+    tests/lane_jobs.py) and each module's jobs (its `lane_jobs()`: name -> lane.Job), e.g. the
+    README's command, the fault runs, the quick benches, the team study's quick arms and the relay's
+    quick main runs. Not for `--collect-only`, which runs no test (it would wait for the job running
+    at its end)."""
     if session.config.option.collectonly:
         return
-    modules = {item.module.__name__.rsplit(".", 1)[-1] for item in session.items}
     jobs = {}
-    if any("smoke_run" in item.fixturenames for item in session.items):
-        from tests.lane_jobs import job
+    for item in session.items:
+        name = lane_job_of(item)
+        if name == "smoke_run":
+            from tests.lane_jobs import job
 
-        jobs |= {"smoke_run": job("smoke_run", SMOKE_RUN)}
-    # a module whose tests read lane jobs (its LANE_TESTS: test -> job): the jobs of the selected tests
-    for path in LANE_TEST_MODULES:
-        if path.rsplit(".", 1)[1] in modules:
-            module = importlib.import_module(path)
-            wanted = {module.LANE_TESTS.get(item.originalname) for item in session.items if item.module is module}
-            jobs |= {name: spec for name, spec in module.lane_jobs().items() if name in wanted}
-    if "test_bench" in modules:
-        from tests.scripts import test_bench
-
-        benches = {
-            i.callspec.params["name"]
-            for i in session.items
-            if i.module.__name__.endswith("test_bench") and i.originalname == "test_quick"
-        }
-        jobs |= test_bench.lane_jobs(benches)
-    if "test_team_study_quick" in modules:
-        from tests.trainer import test_team_study_quick
-
-        jobs |= test_team_study_quick.lane_jobs()
-    if "test_relay_runs_quick" in modules:
-        from tests.scripts import test_relay_runs_quick
-
-        jobs |= test_relay_runs_quick.lane_jobs()
+            jobs[name] = job("smoke_run", SMOKE_RUN)
+        elif name is not None:
+            jobs[name] = item.module.lane_jobs()[name]
+    jobs = dict(sorted(jobs.items(), key=lambda kv: lane_order(kv[0])))
     if jobs:
         lane.launch(jobs)
         # a waiting test waits for the jobs queued before its own too, and each job is ended at its
@@ -108,7 +126,7 @@ def pytest_collection_finish(session):
         # per test (pyproject.toml: 600 s; the team study's test ran out of it on a loaded box)
         bound = sum(lane.Job(*spec).deadline_s for spec in jobs.values()) + 600
         for item in session.items:
-            if waits_for_lane(item):
+            if lane_job_of(item):
                 item.add_marker(pytest.mark.timeout(bound), append=False)
 
 
@@ -181,7 +199,7 @@ def wait_for_memory(who: str, gib: float) -> None:
 def pytest_runtest_setup(item):
     """Before the test's own fixtures start: the memory that its `needs_memory_gb` mark names. The
     first test that waits for a lane job marks the end of the main tests (they run first)."""
-    if waits_for_lane(item) and "start" in CPU and "main" not in CPU:
+    if lane_job_of(item) and "start" in CPU and "main" not in CPU:
         CPU.update(main=cpu_times(), main_s=time.monotonic() - CPU["since"])
     if (mark := item.get_closest_marker("needs_memory_gb")) is not None:
         wait_for_memory(item.nodeid, mark.args[0])
@@ -283,13 +301,6 @@ def tied_engine(ray_cluster, tiny_tied_path, engine_cfg):
 
 
 SMOKE_RUN = Path(tempfile.gettempdir()) / f"tracerl-smoke-run-{os.getpid()}"
-LANE_TEST_MODULES = (
-    "tests.trainer.test_faults",
-    "tests.rollout.engine.test_engine",
-    "tests.scripts.test_relay_quick",
-    "tests.docs.test_readme",
-    "tests.scripts.test_submit",
-)
 
 
 @pytest.fixture(scope="session")

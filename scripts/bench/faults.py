@@ -8,14 +8,17 @@ solver_verifier, the verifier on a frozen engine, 64 traces per step, a 2 s heal
 fault hits half a second into step 2's rollout, through the same injection helpers as the test
 (rollout/testing/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
 half a second apart, of the rollout worker; SIGSTOP of an engine (alive, never answers: the
-watchdog must find it). For each: did the run finish, how many traces it trained of those it
+watchdog must find it); and all of them in turn in one run (`in_turn`, 6 steps: the main engine
+killed in step 2, the worker in step 3, the frozen engine stopped in step 4, both engines killed in
+step 5). For each: did the run finish, how many traces it trained of those it
 should have, how many failed, the restarts, the requests sent again and the episodes run
 again, and the extra wall time over the fault-free run of the same bench (measured side by
 side; this box is shared and noisy). `--cores process,thread`: every run once per engine core mode
 (`engine.core=...`), the cores taking turns run by run, the extra wall time against the same
-core's fault-free run (`extra_wall_s`: core -> fault -> s). `--quick`: 3 steps, engine_killed
-only, no fault-free run (the test suite's run: it checks the run survives, not what the fault
-cost, so `extra_wall_s` is empty; a fault-free run is the same `run` without a plan).
+core's fault-free run (`extra_wall_s`: core -> fault -> s). `--quick`: in_turn only, no fault-free
+run, its run dir kept and named (`run_dir`): the test suite's run, which
+tests/trainer/test_faults.py reads step by step (it checks the run survives every fault, not what
+they cost, so `extra_wall_s` is empty; a fault-free run is the same `run` without a plan).
 The last output line is one JSON object.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -49,25 +53,48 @@ RUN = [
 ]
 ENGINE_KILLED = ("tracerl-engine-main-0-", "info", "kill")
 FROZEN_ENGINE_KILLED = ("tracerl-engine-frozen-0-", "info", "kill")
-FAULTS = {  # name -> [(actor name prefix, the actor method that answers its pid, psutil action)], 0.5 s apart
+WORKER_KILLED = ("tracerl-worker-0-", "stats", "kill")
+# name -> [(after step, actor name prefix, the actor method that answers its pid, psutil action)]:
+# each struck once its step's rollout has begun (rollout/testing/faults.py), those of a step 0.5 s apart
+FAULTS = {
     "none": [],
-    "engine_killed": [ENGINE_KILLED],
-    "frozen_engine_killed": [FROZEN_ENGINE_KILLED],
-    "two_engines_killed": [ENGINE_KILLED, FROZEN_ENGINE_KILLED],
-    "engine_hung": [("tracerl-engine-main-0-", "info", "suspend")],
-    "worker_killed": [("tracerl-worker-0-", "stats", "kill")],
+    "engine_killed": [(1, *ENGINE_KILLED)],
+    "frozen_engine_killed": [(1, *FROZEN_ENGINE_KILLED)],
+    "two_engines_killed": [(1, *ENGINE_KILLED), (1, *FROZEN_ENGINE_KILLED)],
+    "engine_hung": [(1, "tracerl-engine-main-0-", "info", "suspend")],
+    "worker_killed": [(1, *WORKER_KILLED)],
+    "in_turn": [  # SIGKILL, SIGSTOP (alive, silent), two SIGKILLs as when a node goes
+        (1, *ENGINE_KILLED),
+        (2, *WORKER_KILLED),
+        (3, "tracerl-engine-frozen-0-", "info", "suspend"),
+        (4, *ENGINE_KILLED),
+        (4, *FROZEN_ENGINE_KILLED),
+    ],
 }
+# a fault may strike a step after its own when that step's rollout was already over: room for it
+IN_TURN_STEPS = 6
 DEFAULT = "default"  # the engine core mode the config picks (no engine.core override)
 
 
-def run(fault: str, steps: int, core: str) -> dict:
-    """One run with `fault` (none: fault-free) on engines of `core` (DEFAULT: the config's)."""
+def run(fault: str, steps: int, core: str, keep: bool = False) -> dict:
+    """One run with `fault` (none: fault-free) on engines of `core` (DEFAULT: the config's). `keep`:
+    its run dir is left for the caller (named in `run_dir`), else deleted."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"bench-faults-{fault}-"))
+    try:
+        return {**measure(fault, steps, core, run_dir), **({"run_dir": str(run_dir)} if keep else {})}
+    finally:
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def measure(fault: str, steps: int, core: str, run_dir: Path) -> dict:
+    if fault == "in_turn":
+        steps = max(steps, IN_TURN_STEPS)
     cfg = compose(
         "train",
         [*RUN, f"run_dir={run_dir}", f"trainer.steps={steps}", *([] if core == DEFAULT else [f"engine.core={core}"])],
     )
-    plan = [(1, *hit) for hit in FAULTS[fault]]
+    plan = FAULTS[fault]
     t0 = time.perf_counter()
     try:
         with Injector(run_dir, plan) as injector:
@@ -87,6 +114,7 @@ def run(fault: str, steps: int, core: str) -> dict:
     return {
         "fault": fault,
         "core": core,
+        "steps": steps,
         "injected": len(injector.injected) == len(plan),
         "injector_errors": injector.errors,
         "survived": error is None,
@@ -101,6 +129,7 @@ def run(fault: str, steps: int, core: str) -> dict:
         "engine_restarts": summary.get("engine_restarts"),
         "engines_hung": summary.get("engines_hung"),
         "worker_restarts": summary.get("worker_restarts"),
+        "sync": summary.get("policies", {}).get("main", {}).get("sync"),
         "wall_s": round(wall_s, 1),
     }
 
@@ -109,14 +138,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument(
-        "--faults", default=",".join(f for f in FAULTS if f != "none"), help=f"comma-separated, of {sorted(FAULTS)}"
+        "--faults",
+        default=",".join(f for f in FAULTS if f != "none"),
+        help=f"comma-separated, of {sorted(FAULTS)} (in_turn runs at least {IN_TURN_STEPS} steps)",
     )
     ap.add_argument("--cores", default=DEFAULT, help="comma-separated engine.core values, e.g. process,thread")
-    ap.add_argument("--quick", action="store_true", help="3 steps, engine_killed only, no fault-free run")
+    ap.add_argument("--quick", action="store_true", help="in_turn only, its run dir kept, no fault-free run")
     args = ap.parse_args()
     if args.quick:
-        # 3: the fault may strike in step 3 (rollout/testing/faults.py)
-        args.steps, args.faults = 3, "engine_killed"
+        args.steps, args.faults = IN_TURN_STEPS, "in_turn"
     names = [*([] if args.quick else ["none"]), *[f for f in args.faults.split(",") if f != "none"]]
     unknown = sorted(set(names) - set(FAULTS))
     if unknown:
@@ -126,7 +156,7 @@ def main() -> None:
     t0, results = time.time(), {c: {} for c in cores}
     for i, name in enumerate(names):
         for core in cores if i % 2 == 0 else cores[::-1]:  # side by side: the box's drift hits every core
-            results[core][name] = run(name, args.steps, core)
+            results[core][name] = run(name, args.steps, core, keep=args.quick)
             print(results[core][name], flush=True)
     ray.shutdown()
     extra = {  # against the same core's fault-free run (none in --quick)

@@ -21,7 +21,7 @@ OUT = Path(tempfile.gettempdir()) / f"tracerl-readme-{os.getpid()}"
 LANE_TESTS = {"test_readme_harness_with_two_roles_and_a_frozen_third_trains": "readme"}
 
 
-def lane_jobs() -> dict[str, tuple[list[str], float]]:
+def lane_jobs() -> dict[str, lane.Job]:
     """The README's command runs in the background lane (tests/lane_jobs.py readme), a Ray of its own."""
     from tests.lane_jobs import job
 

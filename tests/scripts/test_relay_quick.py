@@ -54,9 +54,9 @@ OVERRIDES = [*CONDITIONS["team"], "task.params.operations=1", *QUICK]
 LANE_TESTS = {"test_a_condition_evaluated_fresh_writes_the_items_the_gate_reads": "relay_condition"}
 
 
-def lane_jobs() -> dict[str, tuple[list[str], float]]:
+def lane_jobs() -> dict[str, lane.Job]:
     code = f"from tests.scripts.test_relay_quick import fresh_condition; fresh_condition({str(OUT)!r})"
-    return {"relay_condition": (["-c", code], 900)}
+    return {"relay_condition": lane.Job(["-c", code], 900)}
 
 
 def fresh_condition(out: str) -> None:

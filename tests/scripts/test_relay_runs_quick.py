@@ -31,8 +31,11 @@ DEADLINE_S = 2400  # at nice 10 beside the suite (alone, on a 2-core box shared 
 IDS = [f"story_sum/eval/{i}" for i in range(8)]
 
 
-def lane_jobs() -> dict[str, tuple[list[str], float]]:
-    return {"relay_runs_quick": (CMD, DEADLINE_S)}
+LANE_TESTS = {"test_the_quick_pipeline_trains_each_arm_runs_each_control_and_analyzes_them": "relay_runs_quick"}
+
+
+def lane_jobs() -> dict[str, lane.Job]:
+    return {"relay_runs_quick": lane.Job(CMD, DEADLINE_S)}
 
 
 def check_run(arm: str) -> tuple[list[dict], dict]:

@@ -1,10 +1,7 @@
 """Faults a long run meets, on the real stack: checkpoints cut short, a damaged checkpoint, a
 reused run dir, a learner rank that dies or hangs, a harness that always fails."""
 
-import json
-import os
 import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,26 +9,25 @@ import pytest
 import ray
 import torch
 
-from rollout.testing.faults import Injector
 from rollout.trace import Sequence, Trace, TraceError
 from tests import lane
 from tests.conftest import fake_checkpoint, read_metrics
+from tests.scripts.test_bench import lane_jobs as bench_jobs
 from trainer import checkpoint
 from trainer.config import LearnerConfig, LossConfig, compose
 from trainer.learner_group import LearnerGroup
 from trainer.loop import check_failures, train
 from trainer.run_dir import check_run_dir, start_run_dir
 
-KILLED = Path(tempfile.gettempdir()) / f"tracerl-faults-killed-{os.getpid()}"
-KILLED_STEPS = 6
-LANE_TESTS = {"test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine": "killed_engines"}
+LANE_TESTS = {"test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine": "faults"}
 
 
 def lane_jobs() -> dict[str, lane.Job]:
-    """The killed-engines run goes in the background lane (killed_engines_run), beside the main
-    tests, with a Ray of its own: the injector finds the actors it strikes by name."""
-    code = f"from tests.trainer.test_faults import killed_engines_run; killed_engines_run({str(KILLED)!r})"
-    return {"killed_engines": lane.Job(["-c", code], 900, own_ray=True)}
+    """The killed-engines run is the faults bench's quick run (scripts/bench/faults.py --quick: its
+    `in_turn` fault plan), in the background lane beside the main tests, with a Ray of its own: the
+    injector finds the actors it strikes by name. tests/scripts/test_bench.py checks the same run's
+    JSON as a bench's."""
+    return {"faults": bench_jobs()["faults"]}
 
 
 @pytest.mark.unit
@@ -203,14 +199,14 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine():
     engines, the worker's unfinished groups run again. Every step still trains exactly its groups,
     none failed, and the restarted engines sample from the learner's weights (the importance ratio
     stays at 1 to float noise, as it would not if they served the base model). The run is the
-    background lane's job (killed_engines_run, a Ray of its own beside the main tests)."""
+    faults bench's quick run (`in_turn`), a background lane job with a Ray of its own."""
+    [run] = lane.result("faults")["runs"]
+    tmp_path = Path(run["run_dir"])
     try:
-        result = lane.result("killed_engines")
-        summary, tmp_path, steps = result["summary"], KILLED, KILLED_STEPS
-        assert len(result["injected"]) == 5 and not result["errors"], result
-        assert summary["engine_restarts"] == 4 and summary["engines_hung"] == 1, summary
+        assert run["fault"] == "in_turn" and run["injected"] and not run["injector_errors"], run
+        assert run["survived"] and run["engine_restarts"] == 4 and run["engines_hung"] == 1, run
         rows = [m for m in read_metrics(tmp_path) if "rollout/reward" in m]
-        assert [m["step"] for m in rows] == list(range(1, steps + 1))
+        assert [m["step"] for m in rows] == list(range(1, run["steps"] + 1))
         assert all(m["rollout/traces"] == 64 and m["rollout/failed"] == 0 for m in rows), rows
         # The Injector strikes an engine once it has requests in flight: in the step after `after_step`
         # or, when that step's rollout was already done (the thread core is fast), in the next one.
@@ -223,48 +219,14 @@ def test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_engine():
         restarts = [m["rollout/engine_restarts"] for m in rows]
         assert restarts[0] == 0 and 1 in restarts and restarts[-1] == 4, restarts
         assert restarts == sorted(restarts), restarts
-        assert summary["worker_restarts"] == 1
+        assert run["worker_restarts"] == 1
         # the engine's behaviour log-probs are the learner's to float noise at every step (base weights
         # served after a restart would put the importance ratio far from 1 at these learning rates)
         assert max(abs(m["train/main/ratio_max"] - 1) for m in rows) < 1e-3, [m["train/main/ratio_max"] for m in rows]
         # the weights went over the collective group, which reopened with the restarted engines
-        assert summary["policies"]["main"]["sync"] == "CollectiveSync"
+        assert run["sync"] == "CollectiveSync"
         assert rows[0]["sync/main/fallbacks"] == 0 and rows[-1]["sync/main/fallbacks"] == 0, [
             m["sync/main/fallbacks"] for m in rows
         ]
     finally:
-        shutil.rmtree(KILLED, ignore_errors=True)
-
-
-def killed_engines_run(run_dir: str) -> None:
-    """The lane's job for the test above: the run, its faults injected; its summary and the
-    injector's record as a JSON line."""
-    steps = KILLED_STEPS
-    cfg = compose(
-        "train",
-        [
-            "experiment=smoke",
-            f"run_dir={run_dir}",
-            f"trainer.steps={steps}",
-            "eval.size=0",
-            "harness=solver_verifier",
-            "agents.verifier=frozen",
-            "learner.world_size=1",
-            "engine.health_check_s=2",
-            "engine.health_timeout_s=10",
-            "engine.request_timeout_s=30",
-        ],
-    )
-    with Injector(
-        Path(run_dir),
-        [
-            (1, "tracerl-engine-main-0-", "info", "kill"),  # SIGKILL
-            (2, "tracerl-worker-0-", "stats", "kill"),
-            (3, "tracerl-engine-frozen-0-", "info", "suspend"),  # SIGSTOP: alive, silent
-            (4, "tracerl-engine-main-0-", "info", "kill"),
-            (4, "tracerl-engine-frozen-0-", "info", "kill"),
-        ],
-    ) as injector:  # 0.5 s later
-        summary = train(cfg)
-    ray.shutdown()  # no line of Ray's after the result (its log lines reach this process's stdout)
-    print(json.dumps({"summary": summary, "injected": injector.injected, "errors": injector.errors}))
+        shutil.rmtree(tmp_path, ignore_errors=True)

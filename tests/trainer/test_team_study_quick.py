@@ -41,9 +41,12 @@ QUICK_ARMS = ("team_lora", "single_agent", "selfplay_no_role_baseline")
 SELFPLAY = QUICK_ARMS[-1]
 
 
-def lane_jobs() -> dict[str, tuple[list[str], float]]:
+LANE_TESTS = {"test_every_arm_trains_the_controls_run_and_the_analysis_reads_the_per_item_files": "team_study"}
+
+
+def lane_jobs() -> dict[str, lane.Job]:
     args = ["scripts/team_study.py", "--quick", "--seeds", "1", "--arms", ",".join(QUICK_ARMS), "--out", str(OUT)]
-    return {"team_study": (args, DEADLINE_S)}
+    return {"team_study": lane.Job(args, DEADLINE_S)}
 
 
 TEAM = ("team_lora",)  # the quick arm compared with the single agent

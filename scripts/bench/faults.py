@@ -71,8 +71,14 @@ FAULTS = {
         (4, *FROZEN_ENGINE_KILLED),
     ],
 }
-# a fault may strike a step after its own when that step's rollout was already over: room for it
-IN_TURN_STEPS = 6
+
+
+def min_steps(plan: list[tuple]) -> int:
+    """The steps a run needs for `plan`: a strike comes in the step after its `after step`, or in the
+    next one when that step's rollout was already over; room for both."""
+    return max((after for after, *_ in plan), default=0) + 2
+
+
 DEFAULT = "default"  # the engine core mode the config picks (no engine.core override)
 
 
@@ -88,8 +94,6 @@ def run(fault: str, steps: int, core: str, keep: bool = False) -> dict:
 
 
 def measure(fault: str, steps: int, core: str, run_dir: Path) -> dict:
-    if fault == "in_turn":
-        steps = max(steps, IN_TURN_STEPS)
     cfg = compose(
         "train",
         [*RUN, f"run_dir={run_dir}", f"trainer.steps={steps}", *([] if core == DEFAULT else [f"engine.core={core}"])],
@@ -140,17 +144,19 @@ def main() -> None:
     ap.add_argument(
         "--faults",
         default=",".join(f for f in FAULTS if f != "none"),
-        help=f"comma-separated, of {sorted(FAULTS)} (in_turn runs at least {IN_TURN_STEPS} steps)",
+        help=f"comma-separated, of {sorted(FAULTS)} (a run is at least 2 steps past its last strike's)",
     )
     ap.add_argument("--cores", default=DEFAULT, help="comma-separated engine.core values, e.g. process,thread")
     ap.add_argument("--quick", action="store_true", help="in_turn only, its run dir kept, no fault-free run")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.faults = IN_TURN_STEPS, "in_turn"
+        args.steps, args.faults = 0, "in_turn"  # its steps: min_steps
     names = [*([] if args.quick else ["none"]), *[f for f in args.faults.split(",") if f != "none"]]
     unknown = sorted(set(names) - set(FAULTS))
     if unknown:
         raise SystemExit(f"--faults: unknown {unknown}; choose from {sorted(FAULTS)}")
+    # every run as long as the longest plan needs: the fault-free run's wall is the others' reference
+    args.steps = max(args.steps, *(min_steps(FAULTS[n]) for n in names))
     cores = args.cores.split(",")
     start_ray(RayConfig(num_cpus=4))
     t0, results = time.time(), {c: {} for c in cores}

@@ -3,11 +3,14 @@ would be: a solver with a calculator tool that may hand the question off to a ch
 on the SDK's default model API (the Responses API) against one OpenAI-compatible base URL where
 each agent's model name is its role. Nothing here knows about tracerl.
 
-A function `await agent(task, base_url, api_key)` (task.prompt is the question); `build_agents`
-makes the two agents on a client, for running them on a conversation of your own. Trained with
-tracerl (harnesses/programs/openai_agent.py, docs/frameworks.md):
+A function `await agent(task, base_url, api_key)` (task.prompt is the question); `agent_reviewed`,
+where an answer the solver gives itself goes to the checker as a second run, so the checker always
+answers last; `build_agents` makes the two agents on a client, for running them on a conversation of
+your own. Trained with tracerl (harnesses/programs/openai_agent.py, docs/frameworks.md):
 
     python scripts/train.py experiment=smollm2_agents_sdk   # conf/harness/agents_sdk.yaml
+    python scripts/train.py experiment=smollm2_agents_sdk \
+        harness.options.agent=examples.agents_sdk_handoff.agent_reviewed
 """
 
 from __future__ import annotations
@@ -67,11 +70,19 @@ def worked(k: int, expression: str) -> list[dict]:
 EXAMPLES = [*worked(1, "12 + 30"), *worked(2, "7 * 8")]
 
 
-async def run(items: str | list[dict], base_url: str, api_key: str):
-    """The solver on `items` (a question, or Responses API input items), at most MAX_TURNS calls."""
+async def run(items: str | list[dict], base_url: str, api_key: str, review: bool = False):
+    """The solver on `items` (a question, or Responses API input items), at most MAX_TURNS calls.
+    With `review`, a run that did not end with the checker (the solver answered itself) is followed
+    by a run of the checker on that run's whole conversation (its `to_input_list()`): the SDK's way
+    of chaining agents in code. The last run's result."""
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     run_config = RunConfig(tracing_disabled=True)  # the SDK's tracing uploads to OpenAI
-    return await Runner.run(build_agents(client), items, max_turns=MAX_TURNS, run_config=run_config)
+    solver = build_agents(client)
+    result = await Runner.run(solver, items, max_turns=MAX_TURNS, run_config=run_config)
+    if not review or result.last_agent.name == "checker":
+        return result
+    [checker] = solver.handoffs
+    return await Runner.run(checker, result.to_input_list(), max_turns=MAX_TURNS, run_config=run_config)
 
 
 async def agent(task, base_url: str, api_key: str) -> str:
@@ -82,3 +93,9 @@ async def agent_with_examples(task, base_url: str, api_key: str) -> str:
     """`agent` after the two worked EXAMPLES (harness.options.agent=examples.agents_sdk_handoff.agent_with_examples)."""
     items = [*EXAMPLES, {"role": "user", "content": task.prompt}]
     return str((await run(items, base_url, api_key)).final_output)
+
+
+async def agent_reviewed(task, base_url: str, api_key: str) -> str:
+    """`agent`, with every answer the checker's (harness.options.agent=examples.agents_sdk_handoff.agent_reviewed):
+    untaught, SmolLM2-135M never hands off, so a team trained from it never trains the checker."""
+    return str((await run(task.prompt, base_url, api_key, review=True)).final_output)

@@ -4,10 +4,14 @@ work to a checker, back to the solver, or ends it. Every model is a `ChatOpenAI`
 OpenAI-compatible base URL, its model name its role (supervisor, solver, checker). Nothing here knows
 about tracerl.
 
-A function `await agent(task, base_url, api_key)` (task.prompt is the question). Trained with
-tracerl (harnesses/programs/openai_agent.py, docs/frameworks.md):
+A function `await agent(task, base_url, api_key)` (task.prompt is the question), and
+`agent_checked`, the same team where every answer of the solver goes to the checker before the
+supervisor decides (re-solve or done): the checker's answer is the final one. Trained with tracerl
+(harnesses/programs/openai_agent.py, docs/frameworks.md):
 
     python scripts/train.py experiment=smollm2_langgraph   # conf/harness/langgraph.yaml
+    python scripts/train.py experiment=smollm2_langgraph \
+        harness.options.agent=examples.langgraph_supervisor.agent_checked
 """
 
 from __future__ import annotations
@@ -42,7 +46,11 @@ class State(MessagesState):
     next: str  # the supervisor's choice: a worker, or done
 
 
-def build_graph(base_url: str, api_key: str):
+def build_graph(base_url: str, api_key: str, check_every_answer: bool = False):
+    """The compiled graph. The solver's answer goes to the supervisor, which routes; with
+    `check_every_answer` it goes to the checker first (a fixed edge), and the supervisor routes
+    after the checker."""
+
     def chat(role: str) -> ChatOpenAI:
         return ChatOpenAI(model=role, base_url=base_url, api_key=api_key, max_retries=0)
 
@@ -68,7 +76,9 @@ def build_graph(base_url: str, api_key: str):
     def after_solver(state: State) -> str:
         last = state["messages"][-1]
         wants_tool = isinstance(last, AIMessage) and bool(last.tool_calls)
-        return "tools" if wants_tool and state["calls"] < MAX_CALLS else "supervisor"
+        if wants_tool and state["calls"] < MAX_CALLS:
+            return "tools"
+        return "checker" if check_every_answer and state["calls"] < MAX_CALLS else "supervisor"
 
     graph = StateGraph(State)
     graph.add_node("solver", solver)
@@ -76,7 +86,7 @@ def build_graph(base_url: str, api_key: str):
     graph.add_node("checker", checker)
     graph.add_node("supervisor", supervisor)
     graph.add_edge(START, "solver")
-    graph.add_conditional_edges("solver", after_solver, ["tools", "supervisor"])
+    graph.add_conditional_edges("solver", after_solver, ["tools", "checker", "supervisor"])
     graph.add_edge("tools", "solver")
     graph.add_edge("checker", "supervisor")
     graph.add_conditional_edges(
@@ -85,8 +95,20 @@ def build_graph(base_url: str, api_key: str):
     return graph.compile()
 
 
-async def agent(task, base_url: str, api_key: str) -> str:
-    graph = build_graph(base_url, api_key)
-    final = await graph.ainvoke({"messages": [HumanMessage(task.prompt)], "calls": 0})
+async def run(question: str, base_url: str, api_key: str, check_every_answer: bool = False) -> str:
+    """The graph on one question: the last model answer (the supervisor's replies are not messages)."""
+    graph = build_graph(base_url, api_key, check_every_answer)
+    final = await graph.ainvoke({"messages": [HumanMessage(question)], "calls": 0})
     answers = [m for m in final["messages"] if isinstance(m, AIMessage)]
     return str(answers[-1].content) if answers else ""
+
+
+async def agent(task, base_url: str, api_key: str) -> str:
+    return await run(task.prompt, base_url, api_key)
+
+
+async def agent_checked(task, base_url: str, api_key: str) -> str:
+    """Every answer checked (harness.options.agent=examples.langgraph_supervisor.agent_checked): an
+    untrained small supervisor (SmolLM2-135M) never routes to the checker, so a team trained from it
+    never trains the checker; this graph always reaches it."""
+    return await run(task.prompt, base_url, api_key, check_every_answer=True)

@@ -30,6 +30,7 @@ KEYS = (
     "perf/sync_s",
 )
 POLICY_KEYS = ("loss", "mismatch_kl")  # train/<policy>/<key>, kept for every trained policy
+ROLE_KEYS = ("sequences", "nonzero_adv")  # train/<policy>/<key>/<role>: which roles' rows were trained
 SUMMARY_KEYS = (
     "initial_eval_reward",
     "final_eval_reward",
@@ -47,7 +48,9 @@ def trim(row: dict) -> dict:
     return {
         k: v
         for k, v in row.items()
-        if k in KEYS or (k.startswith("train/") and k.count("/") == 2 and k.rsplit("/", 1)[1] in POLICY_KEYS)
+        if k in KEYS
+        or (k.startswith("train/") and k.count("/") == 2 and k.rsplit("/", 1)[1] in POLICY_KEYS)
+        or (k.startswith("train/") and k.count("/") == 3 and k.split("/")[2] in ROLE_KEYS)
     }
 
 

@@ -10,6 +10,7 @@ loss broadcasts a sequence's advantage to each of its generated tokens.
 
     compute_advantages(traces, cfg)          # the entry point, driven by AdvantageConfig
     advantage_stats(traces, advs)            # mean/std/min/max over trainable sequences
+    role_advantage_counts(traces, advs)      # per role: trainable sequences, and those with a gradient
 
 This runs BEFORE prefix merging (docs/design.md, "Training math").
 
@@ -208,3 +209,22 @@ def advantage_stats(traces: Seq[Trace], advs: Seq[Seq[float]]) -> dict[str, floa
         "count": float(v.size),
         "frac_zero": float(np.mean(v == 0.0)),
     }
+
+
+def role_advantage_counts(traces: Seq[Trace], advs: Seq[Seq[float]]) -> dict[str, dict[str, float]]:
+    """Per role (a sequence's agent), over trainable sequences of non-failed traces: `sequences`, and
+    `nonzero_adv`, those whose advantage is not 0.0: the sequences that move the weights. A role
+    whose rows are trained only at zero advantage (every trace of its group rewarded alike) has
+    sequences and no nonzero_adv. Roles in sorted order."""
+    if len(traces) != len(advs):
+        raise ValueError(f"{len(traces)} traces but {len(advs)} advantage rows")
+    counts: dict[str, dict[str, float]] = {}
+    for t, row in zip(traces, advs):
+        if t.status == "failed":
+            continue
+        for s, a in zip(t.sequences, row, strict=True):
+            if s.trainable:
+                c = counts.setdefault(s.agent, {"sequences": 0.0, "nonzero_adv": 0.0})
+                c["sequences"] += 1.0
+                c["nonzero_adv"] += float(a != 0.0)
+    return dict(sorted(counts.items()))

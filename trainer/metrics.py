@@ -18,14 +18,19 @@ from typing import Any
 
 from rollout.trace import Trace
 from rollout.viewer import build_view, render_sequence
-from trainer.advantages import advantage_stats
+from trainer.advantages import advantage_stats, role_advantage_counts
 
 log = logging.getLogger(__name__)
 
 
 def advantage_metrics(traces: list[Trace], advs: list[list[float]], policy: str) -> dict[str, float]:
-    """train/<policy>/adv_{mean,std,min,max,count,frac_zero} over its trainable sequences of ok traces."""
-    return {f"train/{policy}/adv_{k}": v for k, v in advantage_stats(traces, advs).items()}
+    """train/<policy>/adv_{mean,std,min,max,count,frac_zero} over its trainable sequences of ok traces,
+    and per role `train/<policy>/sequences/<role>` and `train/<policy>/nonzero_adv/<role>` (of those,
+    the ones with a gradient): which roles' rows this step trained."""
+    m = {f"train/{policy}/adv_{k}": v for k, v in advantage_stats(traces, advs).items()}
+    for role, c in role_advantage_counts(traces, advs).items():
+        m.update({f"train/{policy}/{k}/{role}": v for k, v in c.items()})
+    return m
 
 
 def train_metrics(stats: dict[str, float], packing: dict[str, float], policy: str) -> dict[str, float]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rollout.trace import Sequence, Trace
-from trainer.advantages import advantage_stats, compute_advantages
+from trainer.advantages import advantage_stats, compute_advantages, role_advantage_counts
 from trainer.config import AdvantageConfig
 
 pytestmark = pytest.mark.unit
@@ -313,6 +313,27 @@ def test_advantage_stats():
     assert advantage_stats([], [])["count"] == 0.0
     with pytest.raises(ValueError):
         advantage_stats(ts, advs[:2])
+
+
+def test_role_advantage_counts_show_a_role_trained_only_at_zero_advantage():
+    """Group "a" (solver then checker) differs in reward: both roles get a gradient. Group "b" (the
+    checker alone) is rewarded alike: its checker rows are trained at zero advantage. A frozen
+    sequence and a failed trace count nowhere."""
+    ts = [
+        trace(1, "a", seqs=[seq("solver"), seq("checker")]),
+        trace(0, "a", seqs=[seq("solver"), seq("checker"), seq("judge", trainable=False)]),
+        trace(1, "b", seqs=[seq("checker")]),
+        trace(1, "b", seqs=[seq("checker")]),
+        trace(0, "b", seqs=[seq("supervisor")], status="failed"),
+    ]
+    counts = role_advantage_counts(ts, advantages("grpo", ts))
+    assert counts == {
+        "checker": {"sequences": 4.0, "nonzero_adv": 2.0},
+        "solver": {"sequences": 2.0, "nonzero_adv": 2.0},
+    }
+    assert role_advantage_counts([], []) == {}
+    with pytest.raises(ValueError):
+        role_advantage_counts(ts, [])
 
 
 def test_no_heavy_imports():

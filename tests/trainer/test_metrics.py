@@ -102,6 +102,8 @@ def test_advantage_and_train_metrics_are_named_by_policy_and_averaged():
         "train/solver/adv_max": 0.5,
         "train/solver/adv_count": 2.0,
         "train/solver/adv_frac_zero": 0.0,
+        "train/solver/sequences/solver": 2.0,
+        "train/solver/nonzero_adv/solver": 2.0,
     }
     stats = {
         "loss": 0.3,

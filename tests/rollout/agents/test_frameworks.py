@@ -67,6 +67,29 @@ def test_a_langgraph_supervisor_runs_unmodified_on_the_session_url(run_harness):
 
 
 @pytest.mark.integration
+def test_a_langgraph_team_that_checks_every_answer_trains_all_three_roles(run_harness):
+    """examples/langgraph_supervisor.py's agent_checked: the solver's answer goes to the checker (a
+    fixed edge), then the supervisor routes: every trace has rows of all three roles, and the
+    checker's answer, which the task scores, is the last model answer."""
+    from examples.langgraph_supervisor import MAX_CALLS
+
+    roles = ["supervisor", "solver", "checker"]
+    task, seqs, result = run_harness(
+        "harnesses.programs.openai_agent.openai_agent",
+        roles,
+        max_tokens=24,
+        agent="examples.langgraph_supervisor.agent_checked",
+        url="session",
+    )
+    trace = [(s.agent, s.parent, len(s.completion_ids)) for s in seqs]
+    assert 3 <= len(seqs) <= MAX_CALLS and [s.agent for s in seqs[:3]] == ["solver", "checker", "supervisor"], trace
+    assert all(s.policy == "main" and s.trainable for s in seqs), trace
+    assert seqs[1].parent is None, trace  # the checker's history was written by the solver: fresh
+    assert result.info["gateway_fresh"] + result.info["gateway_extended"] == len(seqs)
+    assert result.info["reward_from"] == "verifier" and result.reward in (0.0, 1.0)
+
+
+@pytest.mark.integration
 def test_a_smolagents_tool_calling_agent_runs_unmodified_on_its_role_url(run_harness):
     """examples/smolagents_tools.py (smolagents 1.26: a ToolCallingAgent, OpenAIModel's chat
     completions, on a thread): the tiny model's steps call no tool, so the agent runs its steps and
@@ -164,9 +187,9 @@ def smollm2(ray_cluster, engine_cfg):
         ray.kill(eng)
 
 
-def greedily(smollm2, roles, program, deadline_s=300.0):
+def greedily(smollm2, roles, program, deadline_s=300.0, max_tokens=48):
     """`await program(base_url, api_key)` on a gateway session whose roles all sample SmolLM2
-    greedily (at most 48 tokens a call): its result, the session's counters, the trace's sequences."""
+    greedily (at most `max_tokens` a call): its result, the session's counters, the trace's sequences."""
     from rollout.agents.client import Agent, TraceRecorder
     from rollout.agents.gateway import Gateway
     from rollout.config import SamplingConfig
@@ -178,7 +201,7 @@ def greedily(smollm2, roles, program, deadline_s=300.0):
         gateway = Gateway()
         await gateway.start()
         rec = TraceRecorder("e2e")
-        sampling = SamplingConfig(temperature=0.0, max_tokens=48)
+        sampling = SamplingConfig(temperature=0.0, max_tokens=max_tokens)
         agents = {r: Agent(r, "main", Router([eng]), fmt, rec, sampling) for r in roles}
         try:
             with gateway.session(agents) as s:
@@ -288,3 +311,28 @@ def test_an_agents_sdk_solver_calls_its_tool_then_hands_off_to_the_checker(smoll
     # the counters, and the learner's rows: the solver's two calls merge, the checker's stands alone
     assert counts == {"gateway_tool_calls": 2, "gateway_extended": 1, "gateway_fresh": 2}, counts
     assert prefix_chains(seqs) == [[0, 1], [2]], trace
+
+
+@pytest.mark.e2e
+def test_an_agents_sdk_team_that_reviews_every_answer_ends_with_the_checker(smollm2):
+    """examples/agents_sdk_handoff.py's agent_reviewed on SmolLM2 (greedy), on a bare question: untaught,
+    the solver answers itself (no tool call, no handoff), so the program runs the checker on that
+    run's conversation (a second Runner.run): two sequences, the solver's and the checker's, the
+    checker's rendered fresh under its instructions with the solver's answer in its prompt; its
+    answer is the final output."""
+    from examples.agents_sdk_handoff import CHECKER, run
+
+    async def program(base_url: str, api_key: str):
+        return await run("What is 3 + 4?", base_url, api_key, review=True)
+
+    result, counts, seqs = greedily(smollm2, ("solver", "checker"), program, max_tokens=128)  # the run's budget
+    fmt = smollm2[1]
+    trace = [(s.agent, s.parent, fmt.tok.decode(s.completion_ids)) for s in seqs]
+    assert [s.agent for s in seqs] == ["solver", "checker"] and result.last_agent.name == "checker", trace
+    assert all(s.policy == "main" and s.trainable for s in seqs), trace
+    solver, checker = seqs
+    prompt = fmt.tok.decode(checker.prompt_ids)
+    assert checker.parent is None and prompt.startswith(f"<|im_start|>system\n{CHECKER}<|im_end|>\n"), prompt
+    assert fmt.tok.decode(solver.completion_ids).removesuffix("<|im_end|>").strip() in prompt, (prompt, trace)
+    assert str(result.final_output) == fmt.tok.decode(checker.completion_ids).removesuffix("<|im_end|>"), trace
+    assert counts == {"gateway_tool_calls": 0, "gateway_extended": 0, "gateway_fresh": 2}, counts

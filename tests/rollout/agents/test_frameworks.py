@@ -42,11 +42,17 @@ def test_the_session_url_option_is_checked_at_start():
 
 
 @pytest.mark.integration
-def test_a_langgraph_supervisor_runs_unmodified_on_the_session_url(run_harness):
+@pytest.mark.parametrize(
+    "agent, first",
+    [("agent", ["solver", "supervisor"]), ("agent_checked", ["solver", "checker", "supervisor"])],
+)
+def test_a_langgraph_supervisor_runs_unmodified_on_the_session_url(run_harness, agent, first):
     """examples/langgraph_supervisor.py (langgraph 1.2 + langchain-openai 1.8: ChatOpenAI's chat
     completions, a bound tool, three roles by model name): the solver answers first, the supervisor
-    then routes; every call is a trainable sequence of its role. The supervisor's own replies are not
-    in the graph's messages, so each supervisor call is rendered fresh (parent None)."""
+    then routes (`agent`), or the checker takes every answer first (`agent_checked`: all three roles
+    in every trace, the checker's answer scored); every call is a trainable sequence of its role.
+    The supervisor's own replies are not in the graph's messages, so each supervisor call is rendered
+    fresh (parent None); so is the checker's first, whose history the solver wrote."""
     from examples.langgraph_supervisor import MAX_CALLS
 
     roles = ["supervisor", "solver", "checker"]
@@ -54,37 +60,15 @@ def test_a_langgraph_supervisor_runs_unmodified_on_the_session_url(run_harness):
         "harnesses.programs.openai_agent.openai_agent",
         roles,
         max_tokens=24,
-        agent="examples.langgraph_supervisor.agent",
+        agent=f"examples.langgraph_supervisor.{agent}",
         url="session",
     )
     trace = [(s.agent, s.parent, len(s.completion_ids)) for s in seqs]
-    assert 2 <= len(seqs) <= MAX_CALLS and [s.agent for s in seqs[:2]] == ["solver", "supervisor"], trace
+    assert len(first) <= len(seqs) <= MAX_CALLS and [s.agent for s in seqs[: len(first)]] == first, trace
     assert all(s.agent in roles and s.policy == "main" and s.trainable for s in seqs), trace
     assert all(s.parent is None for s in seqs if s.agent == "supervisor"), trace
+    assert all(s.parent is None for s in seqs[1 : len(first)]), trace
     assert result.info["gateway_extended"] == sum(s.parent is not None for s in seqs), (trace, result.info)
-    assert result.info["gateway_fresh"] + result.info["gateway_extended"] == len(seqs)
-    assert result.info["reward_from"] == "verifier" and result.reward in (0.0, 1.0)
-
-
-@pytest.mark.integration
-def test_a_langgraph_team_that_checks_every_answer_trains_all_three_roles(run_harness):
-    """examples/langgraph_supervisor.py's agent_checked: the solver's answer goes to the checker (a
-    fixed edge), then the supervisor routes: every trace has rows of all three roles, and the
-    checker's answer, which the task scores, is the last model answer."""
-    from examples.langgraph_supervisor import MAX_CALLS
-
-    roles = ["supervisor", "solver", "checker"]
-    task, seqs, result = run_harness(
-        "harnesses.programs.openai_agent.openai_agent",
-        roles,
-        max_tokens=24,
-        agent="examples.langgraph_supervisor.agent_checked",
-        url="session",
-    )
-    trace = [(s.agent, s.parent, len(s.completion_ids)) for s in seqs]
-    assert 3 <= len(seqs) <= MAX_CALLS and [s.agent for s in seqs[:3]] == ["solver", "checker", "supervisor"], trace
-    assert all(s.policy == "main" and s.trainable for s in seqs), trace
-    assert seqs[1].parent is None, trace  # the checker's history was written by the solver: fresh
     assert result.info["gateway_fresh"] + result.info["gateway_extended"] == len(seqs)
     assert result.info["reward_from"] == "verifier" and result.reward in (0.0, 1.0)
 

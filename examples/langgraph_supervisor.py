@@ -75,10 +75,11 @@ def build_graph(base_url: str, api_key: str, check_every_answer: bool = False):
 
     def after_solver(state: State) -> str:
         last = state["messages"][-1]
-        wants_tool = isinstance(last, AIMessage) and bool(last.tool_calls)
-        if wants_tool and state["calls"] < MAX_CALLS:
+        if state["calls"] >= MAX_CALLS:
+            return "supervisor"  # which ends the run
+        if isinstance(last, AIMessage) and last.tool_calls:
             return "tools"
-        return "checker" if check_every_answer and state["calls"] < MAX_CALLS else "supervisor"
+        return "checker" if check_every_answer else "supervisor"
 
     graph = StateGraph(State)
     graph.add_node("solver", solver)

@@ -32,7 +32,7 @@ from collections.abc import Hashable, Sequence as Seq
 
 import numpy as np
 
-from rollout.trace import Trace
+from rollout.trace import Sequence, Trace
 from trainer.config import AdvantageConfig, Estimator, validate_config
 
 # -- estimators over one pool of rewards ------------------------------------------
@@ -183,21 +183,27 @@ def _normalize_per_role(role_adv: dict[tuple[int, str], float], eps: float) -> N
 # -- stats ------------------------------------------------------------------------
 
 
+def _trainable_advantages(traces: Seq[Trace], advs: Seq[Seq[float]]) -> list[tuple[Sequence, float]]:
+    """(sequence, advantage) of every trainable sequence of a non-failed trace; a ValueError when
+    `advs` does not have one row per trace and one entry per sequence."""
+    if len(traces) != len(advs):
+        raise ValueError(f"{len(traces)} traces but {len(advs)} advantage rows")
+    pairs = []
+    for i, (t, row) in enumerate(zip(traces, advs)):
+        if len(row) != len(t.sequences):
+            raise ValueError(f"advs[{i}] has {len(row)} entries for {len(t.sequences)} sequences")
+        if t.status != "failed":
+            pairs.extend((s, a) for s, a in zip(t.sequences, row) if s.trainable)
+    return pairs
+
+
 def advantage_stats(traces: Seq[Trace], advs: Seq[Seq[float]]) -> dict[str, float]:
     """mean/std/min/max (population std) over trainable sequences of non-failed traces.
 
     Keys: mean, std, min, max, count, frac_zero; all 0.0 (count 0) when there is no
     such sequence.
     """
-    if len(traces) != len(advs):
-        raise ValueError(f"{len(traces)} traces but {len(advs)} advantage rows")
-    vals = []
-    for i, (t, row) in enumerate(zip(traces, advs)):
-        if len(row) != len(t.sequences):
-            raise ValueError(f"advs[{i}] has {len(row)} entries for {len(t.sequences)} sequences")
-        if t.status == "failed":
-            continue
-        vals.extend(a for s, a in zip(t.sequences, row) if s.trainable)
+    vals = [a for _, a in _trainable_advantages(traces, advs)]
     if not vals:
         return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "count": 0.0, "frac_zero": 0.0}
     v = np.array(vals, dtype=np.float64)
@@ -216,15 +222,9 @@ def role_advantage_counts(traces: Seq[Trace], advs: Seq[Seq[float]]) -> dict[str
     `nonzero_adv`, those whose advantage is not 0.0: the sequences that move the weights. A role
     whose rows are trained only at zero advantage (every trace of its group rewarded alike) has
     sequences and no nonzero_adv. Roles in sorted order."""
-    if len(traces) != len(advs):
-        raise ValueError(f"{len(traces)} traces but {len(advs)} advantage rows")
     counts: dict[str, dict[str, float]] = {}
-    for t, row in zip(traces, advs):
-        if t.status == "failed":
-            continue
-        for s, a in zip(t.sequences, row, strict=True):
-            if s.trainable:
-                c = counts.setdefault(s.agent, {"sequences": 0.0, "nonzero_adv": 0.0})
-                c["sequences"] += 1.0
-                c["nonzero_adv"] += float(a != 0.0)
+    for s, a in _trainable_advantages(traces, advs):
+        c = counts.setdefault(s.agent, {"sequences": 0.0, "nonzero_adv": 0.0})
+        c["sequences"] += 1.0
+        c["nonzero_adv"] += float(a != 0.0)
     return dict(sorted(counts.items()))

@@ -1,6 +1,6 @@
 """Tasks from a data file the user brings, scored by a verifier named in the config.
 
-    python scripts/train.py task=file task.params.path=examples/arith.jsonl task.params.verifier=numeric
+    python scripts/train.py task=file task.params.path=examples/sums.jsonl task.params.verifier=numeric
 
 `FileTasks` reads the rows of `task.params.path` (JSONL, JSON, CSV, Parquet or a
 saved HF dataset: harnesses/tasks/data_files.py); each row gives a question
@@ -247,7 +247,7 @@ def _params(params: dict[str, Any]) -> FileTaskParams:
             f"{P}.{unknown[0]} is not a parameter of the file task source (its parameters: {', '.join(sorted(known))})"
         )
     if not params.get("path"):
-        raise ValueError(f"{P}.path is not set: give the data file, e.g. {P}.path=examples/arith.jsonl")
+        raise ValueError(f"{P}.path is not set: give the data file, e.g. {P}.path=examples/sums.jsonl")
     fields = {
         k: (dict(v) if k == "verifier_options" else list(v) if k == "metadata_fields" else v) for k, v in params.items()
     }

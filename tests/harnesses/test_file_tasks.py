@@ -130,7 +130,7 @@ def test_template_metadata_and_instruction_make_the_prompt(tmp_path):
 def test_the_preset_states_the_dataclass_defaults():
     preset = yaml.safe_load((ROOT / "conf/task/file.yaml").read_text())["params"]
     defaults = FileTaskParams(path="x")
-    assert preset.pop("path") == "examples/arith.jsonl"
+    assert preset.pop("path") == "examples/sums.jsonl"
     assert {k: getattr(defaults, k) for k in preset} == preset
 
 
@@ -269,3 +269,37 @@ def test_a_saved_dataset_reads_only_files_inside_its_folder(tmp_path, name):
     (folder / "state.json").write_text(json.dumps(state))
     with pytest.raises(ValueError, match=r"state.json: _data_files names .*the files of a saved dataset lie in its"):
         source(folder, question_field="problem", answer_field="solution")
+
+
+# ---- the example files: what examples/make_arith.py writes ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("arith.jsonl", []),
+        ("sums.jsonl", ["--terms", "2", "--max-operand", "20", "--non-negative", "--count", "400"]),
+    ],
+)
+def test_the_example_files_are_what_make_arith_writes(tmp_path, name, args):
+    """The docstring's commands rewrite each committed file byte for byte, and every answer is
+    the question's value (with --non-negative, never below 0)."""
+    out = tmp_path / name
+    script = ROOT / "examples" / "make_arith.py"
+    subprocess.run([sys.executable, str(script), *args, "--out", str(out)], check=True, capture_output=True)
+    assert out.read_bytes() == (ROOT / "examples" / name).read_bytes()
+    items = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len({i["question"] for i in items}) == len(items)
+    for item in items:
+        expression = item["question"].removeprefix("What is ").removesuffix("?")
+        value = eval(expression)  # digits, + and - only: the file is the repo's own
+        assert str(value) == item["answer"] and item["terms"] == expression.count(" ") // 2 + 1
+        assert value >= 0 or "--non-negative" not in args
+
+
+def test_make_arith_refuses_more_questions_than_exist():
+    from examples.make_arith import make_items
+
+    assert len(make_items(10, 0, terms=(2,), max_operand=2, non_negative=True)) == 10  # 9 sums + 6 differences: 15
+    with pytest.raises(ValueError, match="found only 15 distinct questions of this kind, 16 asked"):
+        make_items(16, 0, terms=(2,), max_operand=2, non_negative=True)

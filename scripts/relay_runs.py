@@ -62,6 +62,7 @@ from trainer.contrasts import (
     STEP_HEAD,
     contrast_rows,
     control_rows,
+    final_items,
     holm_family,
     interval,
     items_by_seed,
@@ -117,6 +118,7 @@ QUICK_MIN_K = 2  # --quick votes over at least 2 samples, so that the vote's eva
 CODE = ("harnesses", "rollout", "trainer", "scripts", "conf")  # what a run's provenance lists uncommitted changes of
 # the analysis (docs/preregistration/relay.md, "Analysis")
 PILOT = ROOT / "docs" / "results" / "relay_pilot" / "ops1"
+LOST = "weights_lost"  # first runs rerun from scratch after their weights were lost (addendum 3)
 ALPHA = 0.05
 SUCCESS_EFFECT = Fraction(5, 100)  # mean(C - A) of at least 5 points
 CALCULATOR_CEILING = 0.98  # the positive control's exemption: C's calculator right on >= 98% of its calls
@@ -514,9 +516,24 @@ def analyze(results: Path, planned: tuple[int, ...] = SEEDS, pilot: Path = PILOT
             "run_vs_run_C_vs_A": sign_tests_by_seed(finals["single_agent"], c, s_in),
             "roles": {name: r for name, recs in role_conditions.items() if (r := roles(recs))},
         },
+        "sensitivity": first_runs(results, finals, s_in),
         "arms": step_table(data, s_in, RESAMPLES),
         "runs": run_rows(data),
         "controls": control_rows(data, CONTROL_META),
+    }
+
+
+def first_runs(results: Path, finals: dict, seeds: list[int]) -> dict | None:
+    """Addendum 3's sensitivity check: C - A with the first runs whose weights were lost
+    (`weights_lost/<arm>/seed<s>/`) in place of their reruns; None where there are none."""
+    lost = load_study(results / LOST, list(ARMS.values()), [])["runs"]
+    swapped = {arm: {s: items for s, run in runs.items() if (items := final_items(run))} for arm, runs in lost.items()}
+    if not any(swapped.values()):
+        return None
+    with_first = {arm: finals[arm] | swapped[arm] for arm in ("single_agent", "team_lora")}
+    return {
+        "first_runs": {arm: sorted(by_seed) for arm, by_seed in swapped.items() if by_seed},
+        "C_vs_A": paired_contrast(with_first["single_agent"], with_first["team_lora"], seeds, RESAMPLES),
     }
 
 
@@ -557,6 +574,7 @@ def markdown(a: dict) -> str:
         "",
         positive_line(a["positive_control"]),
         "",
+        *sensitivity_md(a["sensitivity"]),
     ]
     return "\n".join(out + secondary_md(a["secondary"]) + reported_md(a))
 
@@ -571,6 +589,18 @@ def positive_line(pc: dict) -> str:
         f"C's calculator's calls right: {calls} ({'at' if pc['calculator_at_ceiling'] else 'below'} the 98% "
         f"ceiling). **{'Detected' if pc['detected'] else 'Not detected'}.**"
     )
+
+
+def sensitivity_md(sens: dict | None) -> list[str]:
+    if sens is None:
+        return []
+    which = "; ".join(f"{arm} seed {', '.join(map(str, seeds))}" for arm, seeds in sens["first_runs"].items())
+    return [
+        f"Sensitivity check (addendum 3, not a test): C - A with the first runs whose weights were lost ({which}) "
+        "in place of their reruns:",
+        "",
+        *table(CONTRAST_HEAD, contrast_rows({"C_vs_A (first runs)": sens["C_vs_A"]})),
+    ]
 
 
 SECONDARY = ("C_vs_B", "swap_vs_C", "transplant_vs_A", "oracle_vs_C")  # the secondary contrasts' table

@@ -174,6 +174,21 @@ def test_a_dropped_seed_leaves_every_contrast_and_the_verdict_is_final_without_i
     }
 
 
+def test_first_runs_whose_weights_were_lost_feed_only_the_sensitivity_check(tmp_path):
+    experiment(tmp_path)  # C - A = 10 points on every seed
+    assert analyze(tmp_path)["sensitivity"] is None
+    a_right = A_RIGHT[6]
+    write_run(tmp_path / "weights_lost", "single_agent", 7, items(a_right + 4))
+    write_run(tmp_path / "weights_lost", "team_lora", 7, items(a_right - 6, True))  # C - A = -10 on seed 7
+    a = analyze(tmp_path)
+    sens = a["sensitivity"]
+    assert sens["first_runs"] == {"single_agent": [7], "team_lora": [7]}
+    assert sens["C_vs_A"]["per_seed_points"]["7"] == -10.0
+    assert sens["C_vs_A"]["mean_points"] == 7.5  # (7 x 10 - 10) / 8
+    assert a["primary"]["C_vs_A"]["mean_points"] == 10.0  # the reruns stay the analysis
+    assert "C_vs_A (first runs)".replace("_vs_", " - ") in markdown(a)
+
+
 def test_the_verdict_is_pending_until_every_seed_is_in(tmp_path):
     experiment(tmp_path, seeds=range(1, 7), leave_out={(6, "oracle")})
     a = analyze(tmp_path)

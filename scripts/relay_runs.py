@@ -525,9 +525,13 @@ def analyze(results: Path, planned: tuple[int, ...] = SEEDS, pilot: Path = PILOT
 
 def first_runs(results: Path, finals: dict, seeds: list[int]) -> dict | None:
     """Addendum 3's sensitivity check: C - A with the first runs whose weights were lost
-    (`weights_lost/<arm>/seed<s>/`) in place of their reruns; None where there are none."""
+    (`weights_lost/<arm>/seed<s>/`) in place of their reruns, over the seeds in; None where no
+    seed in has one."""
     lost = load_study(results / LOST, list(ARMS.values()), [])["runs"]
-    swapped = {arm: {s: items for s, run in runs.items() if (items := final_items(run))} for arm, runs in lost.items()}
+    swapped = {
+        arm: {s: items for s, run in runs.items() if s in seeds and (items := final_items(run))}
+        for arm, runs in lost.items()
+    }
     if not any(swapped.values()):
         return None
     with_first = {arm: finals[arm] | swapped[arm] for arm in ("single_agent", "team_lora")}
@@ -550,9 +554,6 @@ def share(role: dict | None, calls: bool = False) -> str:
 def markdown(a: dict) -> str:
     """analysis.md: the seeds and the verdict, the pre-registered tests, the secondaries, and
     everything reported regardless of outcome."""
-    seeds, v = a["seeds"], a["verdict"]
-    listed = lambda xs: ", ".join(map(str, xs)) or "none"  # noqa: E731
-    missing = ", ".join(f"{s} ({', '.join(m)})" for s, m in seeds["incomplete"].items()) or "none"
     out = [
         "# The relay experiment: the pre-registered analysis",
         "",
@@ -560,6 +561,17 @@ def markdown(a: dict) -> str:
         "(docs/preregistration/relay.md, section Analysis). Accuracy: the trace reward on the held-out "
         "stories at the last step; differences in points.",
         "",
+    ]
+    return "\n".join(out + headline_md(a) + secondary_md(a["secondary"]) + reported_md(a))
+
+
+def headline_md(a: dict) -> list[str]:
+    """The seeds, the verdict, the pre-registered contrasts, the success criterion, the positive
+    control and addendum 3's sensitivity check (docs/results.md's checked relay_analysis table too)."""
+    seeds, v = a["seeds"], a["verdict"]
+    listed = lambda xs: ", ".join(map(str, xs)) or "none"  # noqa: E731
+    missing = ", ".join(f"{s} ({', '.join(m)})" for s, m in seeds["incomplete"].items()) or "none"
+    return [
         f"**Seeds in: {len(seeds['in'])} of {len(seeds['planned'])}** ({listed(seeds['in'])}); dropped by the "
         f"failure rule: {listed(seeds['dropped'])}; incomplete: {missing}.",
         "",
@@ -576,7 +588,6 @@ def markdown(a: dict) -> str:
         "",
         *sensitivity_md(a["sensitivity"]),
     ]
-    return "\n".join(out + secondary_md(a["secondary"]) + reported_md(a))
 
 
 def positive_line(pc: dict) -> str:

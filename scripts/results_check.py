@@ -23,10 +23,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.contrasts import accuracy, table
+from trainer.contrasts import CONTRAST_HEAD, accuracy, contrast_rows, table
 from trainer.results import mean, read_items, sign_test
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python scripts/results_check.py`: the relay's analysis is a script's
+    sys.path.insert(0, str(ROOT))
+from scripts.relay_runs import SECONDARY, analyze, headline_md  # noqa: E402
+
 PAGE = ROOT / "docs" / "results.md"
 BLOCK = re.compile(r"(<!-- results_check: (\S+) -->\n)(.*?)(<!-- /results_check -->)", re.S)
 RELAY_ARMS = ("single_agent", "team_shared", "team_lora")  # A, B, C of docs/preregistration/relay.md
@@ -154,6 +158,16 @@ def relay_controls(results: Path) -> list[str]:
     return table(header, rows)
 
 
+def relay_analysis(results: Path) -> list[str]:
+    """The relay's pre-registered analysis (`scripts/relay_runs.py analyze`, the same code) of the
+    committed files under docs/results/relay/: the seeds in, the verdict, the three contrasts with
+    their bootstrap CIs and Holm-adjusted p, the success criterion, the positive control, addendum
+    3's sensitivity check and the secondary contrasts. analysis.md beside the files has the rest."""
+    a = analyze(results / "relay", pilot=results / "relay_pilot" / "ops1")
+    secondary = contrast_rows({k: a["secondary"][k] for k in SECONDARY})
+    return headline_md(a) + ["Secondary contrasts (CIs only, no claims):", "", *table(CONTRAST_HEAD, secondary)]
+
+
 def runs(results: Path) -> list[str]:
     """The published training runs (docs/results/<name>/run.json, written by scripts/plot_results.py
     --add): the held-out accuracy at the first and last evaluation, paired, and the run's wall time.
@@ -184,6 +198,7 @@ TABLES: dict[str, Callable[[Path], list[str]]] = {
     "relay_pilot": relay_pilot,
     "relay_runs": relay_runs,
     "relay_controls": relay_controls,
+    "relay_analysis": relay_analysis,
     "runs": runs,
 }
 

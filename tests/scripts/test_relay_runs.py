@@ -186,7 +186,10 @@ def test_first_runs_whose_weights_were_lost_feed_only_the_sensitivity_check(tmp_
     assert sens["C_vs_A"]["per_seed_points"]["7"] == -10.0
     assert sens["C_vs_A"]["mean_points"] == 7.5  # (7 x 10 - 10) / 8
     assert a["primary"]["C_vs_A"]["mean_points"] == 10.0  # the reruns stay the analysis
-    assert "C_vs_A (first runs)".replace("_vs_", " - ") in markdown(a)
+    assert "C - A (first runs)" in markdown(a)
+    experiment(tmp_path / "seven", seeds=range(1, 7))  # seed 7 not in: nothing to swap
+    write_run(tmp_path / "seven" / "weights_lost", "team_lora", 7, items(a_right - 6, True))
+    assert analyze(tmp_path / "seven")["sensitivity"] is None
 
 
 def test_the_verdict_is_pending_until_every_seed_is_in(tmp_path):

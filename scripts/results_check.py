@@ -29,7 +29,7 @@ from trainer.results import mean, read_items, sign_test
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python scripts/results_check.py`: the relay's analysis is a script's
     sys.path.insert(0, str(ROOT))
-from scripts.relay_runs import SECONDARY, analyze, headline_md  # noqa: E402
+from scripts.relay_runs import SECONDARY, analyze, headline_md, markdown  # noqa: E402
 
 PAGE = ROOT / "docs" / "results.md"
 BLOCK = re.compile(r"(<!-- results_check: (\S+) -->\n)(.*?)(<!-- /results_check -->)", re.S)
@@ -162,8 +162,13 @@ def relay_analysis(results: Path) -> list[str]:
     """The relay's pre-registered analysis (`scripts/relay_runs.py analyze`, the same code) of the
     committed files under docs/results/relay/: the seeds in, the verdict, the three contrasts with
     their bootstrap CIs and Holm-adjusted p, the success criterion, the positive control, addendum
-    3's sensitivity check and the secondary contrasts. analysis.md beside the files has the rest."""
+    3's sensitivity check and the secondary contrasts. analysis.md beside the files has the rest;
+    it and analysis.json, where present, must be what the analysis writes."""
     a = analyze(results / "relay", pilot=results / "relay_pilot" / "ops1")
+    for name, text in (("analysis.json", json.dumps(a, indent=2, allow_nan=False)), ("analysis.md", markdown(a))):
+        path = results / "relay" / name
+        if path.exists() and path.read_text() != text:
+            raise ValueError(f"{path}: not the analysis of the files beside it (python scripts/relay_runs.py analyze)")
     secondary = contrast_rows({k: a["secondary"][k] for k in SECONDARY})
     return headline_md(a) + ["Secondary contrasts (CIs only, no claims):", "", *table(CONTRAST_HEAD, secondary)]
 

@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from scripts import relay_runs
 from scripts.results_check import PAGE, ROOT, check, main
 
 pytestmark = pytest.mark.unit
@@ -75,3 +76,18 @@ def test_a_published_run_whose_summary_disagrees_with_its_items_is_refused(tmp_p
     summary.write_text(json.dumps({**json.loads(summary.read_text()), "final_eval_reward": 0.75}))
     with pytest.raises(ValueError, match=f"{run.name}/summary.json: final_eval_reward 0.75, its items 0.7188"):
         check("<!-- results_check: runs -->\n<!-- /results_check -->\n", tmp_path)
+
+
+def test_a_relay_analysis_that_is_not_its_files_is_refused(tmp_path):
+    """analysis.json and analysis.md beside the relay's files must be what the analysis writes."""
+    for folder in ("relay", "relay_pilot"):
+        shutil.copytree(RESULTS / folder, tmp_path / folder)
+    relay, block = tmp_path / "relay", "<!-- results_check: relay_analysis -->\n<!-- /results_check -->\n"
+    relay_runs.write_analysis(relay)  # what `relay_runs.py analyze` writes passes
+    page, _ = check(block, tmp_path)
+    assert "**Verdict: " in page and "| C - A | " in page and "| oracle - C | " in page, page
+    (relay / "analysis.json").write_text(
+        relay.joinpath("analysis.json").read_text().replace('"success": false', '"success": true')
+    )
+    with pytest.raises(ValueError, match="analysis.json: not the analysis of the files beside it"):
+        check(block, tmp_path)

@@ -17,19 +17,30 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import json
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from trainer.contrasts import CONTRAST_HEAD, accuracy, contrast_rows, table
 from trainer.results import mean, read_items, sign_test
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as `python scripts/results_check.py`: the relay's analysis is a script's
-    sys.path.insert(0, str(ROOT))
-from scripts.relay_runs import SECONDARY, analyze, headline_md, markdown  # noqa: E402
+
+
+def relay_runs_module() -> ModuleType:
+    """scripts/relay_runs.py, whose analysis the relay_analysis table is (scripts/ is not an installed
+    package: loaded from its file unless already imported as scripts.relay_runs)."""
+    if (mod := sys.modules.get("scripts.relay_runs")) is None:
+        spec = importlib.util.spec_from_file_location("scripts.relay_runs", ROOT / "scripts" / "relay_runs.py")
+        assert spec is not None and spec.loader is not None
+        mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    return mod
+
 
 PAGE = ROOT / "docs" / "results.md"
 BLOCK = re.compile(r"(<!-- results_check: (\S+) -->\n)(.*?)(<!-- /results_check -->)", re.S)
@@ -164,13 +175,14 @@ def relay_analysis(results: Path) -> list[str]:
     their bootstrap CIs and Holm-adjusted p, the success criterion, the positive control, addendum
     3's sensitivity check and the secondary contrasts. analysis.md beside the files has the rest;
     it and analysis.json, where present, must be what the analysis writes."""
-    a = analyze(results / "relay", pilot=results / "relay_pilot" / "ops1")
-    for name, text in (("analysis.json", json.dumps(a, indent=2, allow_nan=False)), ("analysis.md", markdown(a))):
+    rr = relay_runs_module()
+    a = rr.analyze(results / "relay", pilot=results / "relay_pilot" / "ops1")
+    for name, text in (("analysis.json", json.dumps(a, indent=2, allow_nan=False)), ("analysis.md", rr.markdown(a))):
         path = results / "relay" / name
         if path.exists() and path.read_text() != text:
             raise ValueError(f"{path}: not the analysis of the files beside it (python scripts/relay_runs.py analyze)")
-    secondary = contrast_rows({k: a["secondary"][k] for k in SECONDARY})
-    return headline_md(a) + ["Secondary contrasts (CIs only, no claims):", "", *table(CONTRAST_HEAD, secondary)]
+    secondary = contrast_rows({k: a["secondary"][k] for k in rr.SECONDARY})
+    return rr.headline_md(a) + ["Secondary contrasts (CIs only, no claims):", "", *table(CONTRAST_HEAD, secondary)]
 
 
 def runs(results: Path) -> list[str]:

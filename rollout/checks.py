@@ -67,6 +67,9 @@ def check_fields(cfg: RolloutJobConfig) -> None:
         (r.retries >= 0, "rollout.retries must be >= 0"),
         (r.max_worker_restarts >= 0, "rollout.max_worker_restarts must be >= 0"),
         (r.worker_restart_timeout_s > 0, "rollout.worker_restart_timeout_s must be > 0"),
+        (r.buffer_timeout_s > 0, "rollout.buffer_timeout_s must be > 0"),
+        (r.health_check_s >= 0, "rollout.health_check_s must be >= 0 (0: no worker watchdog)"),
+        (r.health_timeout_s > 0, "rollout.health_timeout_s must be > 0"),
         (
             _is_range(cfg.harness.reward_range),
             f"harness.reward_range={list(cfg.harness.reward_range)} must be [low, high]: finite numbers, low < high",

@@ -69,6 +69,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.85  # GPU only: fraction of device memory for vLLM
     tensor_parallel_size: int = 1  # GPU only
     max_num_seqs: int = 64  # sequences batched per engine step
+    # vLLM's prefix cache: later turns reuse earlier turns' KV blocks (off for trainer.deterministic: a
+    # cached prefix is computed in another batch, which changes the last bits of what follows)
+    prefix_caching: bool = True
     # KV-cache block (tokens): the prefix cache reuses whole blocks only (vLLM's CPU default, 128, caches no
     # short prompt); null: vLLM's
     block_size: int | None = 32
@@ -179,6 +182,11 @@ class RolloutConfig:
     retries: int = 1  # times an episode an engine failure ended is run again (same trace id and seeds)
     max_worker_restarts: int = 3  # times a dead worker is restarted and its unfinished groups run again
     worker_restart_timeout_s: float = 300.0  # a restarted worker that does not answer within this stops the run
+    buffer_timeout_s: float = 120.0  # a trace buffer call (put, reopen) not answered within this fails its worker call
+    # the watchdog asks each worker for its stats every this often (0: never); one whose event loop does not
+    # answer within health_timeout_s (a harness that blocks it) is killed, restarted, and its groups run again
+    health_check_s: float = 30.0
+    health_timeout_s: float = 120.0  # a worker that does not answer the watchdog within this is restarted
 
 
 @dataclass

@@ -17,6 +17,7 @@ from a file, the line).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -265,14 +266,23 @@ _DECODER = msgspec.json.Decoder(Trace)
 
 
 def write_jsonl(traces: Iterable[Trace], path: str | Path) -> int:
-    """Write traces one JSON object per line; returns how many were written."""
+    """Write traces one JSON object per line; returns how many were written. Atomic: written beside
+    `path`, fsynced and renamed over it, so a process killed mid-write leaves the old file (or
+    none), never a torn one that a reader (a resume, the chaos soak's checkers) must tolerate."""
     n = 0
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        for t in traces:
-            f.write(_ENCODER.encode(t) + b"\n")
-            n += 1
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            for t in traces:
+                f.write(_ENCODER.encode(t) + b"\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return n
 
 

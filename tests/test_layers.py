@@ -23,11 +23,11 @@ CONTAINED = {
         ("orchestration", "testing"),
         ("agents",),
         ("engine",),
-        ("checks", "config", "log", "models", "placement", "stats", "trace", "viewer"),
+        ("checks", "config", "faultpoints", "log", "models", "placement", "stats", "trace", "viewer"),
     ),
-    "rollout.orchestration": (("fleet",), ("cluster",), ("worker",), ("router", "buffer")),
+    "rollout.orchestration": (("fleet",), ("cluster", "watchdog"), ("worker",), ("router", "buffer")),
 }
-INDEPENDENT = {("orchestration", "testing"), ("router", "buffer")}
+INDEPENDENT = {("orchestration", "testing"), ("cluster", "watchdog"), ("router", "buffer")}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ its DeepSpeed state, and the loop's position.
         <policy>/deepspeed/  DeepSpeed's own model / optimizer / scheduler state (resume)
         rollouts.jsonl       an async run's rollouts of the steps after this one, generated
                              before the save (one group per line); a resumed run trains them
-        trainer_state.json   the step and each policy's weight version
+        trainer_state.json   the step, each policy's weight version, the run's ledger
+                             (trainer/ledger.py)
 
 A checkpoint is written into `step_000100.partial/` and renamed to `step_000100/`
 once every policy and trainer_state.json are in it, each file and folder fsynced
@@ -127,12 +128,13 @@ def save_policy(learners: LearnerGroup, base_model: str | Path, run_dir: str | P
     return d
 
 
-def finish(run_dir: str | Path, step: int, versions: dict[str, int]) -> Path:
+def finish(run_dir: str | Path, step: int, versions: dict[str, int], extra: dict[str, Any] | None = None) -> Path:
     """Complete step `step`'s checkpoint (after save_policy of each policy): trainer_state.json with
-    each policy's weight version, every file on disk, then the rename that makes it visible to
-    `complete`."""
+    each policy's weight version (and `extra`: the loop's ledger), every file on disk, then the
+    rename that makes it visible to `complete`."""
     partial, done = partial_dir(run_dir, step), step_dir(run_dir, step)
-    (partial / "trainer_state.json").write_text(json.dumps({"step": step, "versions": versions}))
+    state = {"step": step, "versions": versions, **(extra or {})}
+    (partial / "trainer_state.json").write_text(json.dumps(state))
     # the rename must not reach the disk before the files do: a crash would leave a "complete"
     # checkpoint of empty or torn files
     fsync_tree(partial)

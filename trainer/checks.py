@@ -40,6 +40,7 @@ def job_checks(cfg: TrainJobConfig) -> list[tuple[bool, str]]:
         (t.rollouts_every >= 0, "trainer.rollouts_every must be >= 0 (0: never)"),
         (t.keep_last >= 1, "trainer.keep_last must be >= 1"),
         (t.max_skipped_steps >= 1, "trainer.max_skipped_steps must be >= 1"),
+        (t.max_learner_restarts >= 0, "trainer.max_learner_restarts must be >= 0 (0: a dead learner stops the run)"),
         (0 <= t.max_failed_fraction <= 1, "trainer.max_failed_fraction must be in [0, 1] (1: never stop)"),
         (not (t.resume and t.overwrite), "trainer.resume and trainer.overwrite=true contradict each other: drop one"),
         (t.rollout_timeout_s > 0, "trainer.rollout_timeout_s must be > 0"),
@@ -106,11 +107,44 @@ def learner_checks(cfg: TrainJobConfig) -> list[tuple[bool, str]]:
     return checks
 
 
+DETERMINISTIC = (
+    "engine.max_num_seqs=1 engine.prefix_caching=false learner.torch_threads=1 "
+    "trainer.max_staleness=0 sync.snapshot_every=1"
+)
+
+
+def deterministic_checks(cfg: TrainJobConfig) -> list[tuple[bool, str]]:
+    """trainer.deterministic: what makes two synchronous runs do the same arithmetic (docs/faults.md):
+    one sequence per engine step (vLLM's CPU kernels are not batch-invariant), no prefix cache, a
+    fixed thread count in the learner, no rollout ahead of the weights, every push snapshotted."""
+    if not cfg.trainer.deterministic:
+        return []
+    fix = f"trainer.deterministic=true needs {DETERMINISTIC} (set on every policy's engine and learner)"
+    checks = [
+        (cfg.trainer.max_staleness == 0, f"{fix}: trainer.max_staleness={cfg.trainer.max_staleness}"),
+        (cfg.sync.snapshot_every == 1, f"{fix}: sync.snapshot_every={cfg.sync.snapshot_every}"),
+    ]
+    for policy in cfg.used_policies():
+        e = cfg.policy_engine(policy)
+        checks += [
+            (e.num_gpus == 0, f"trainer.deterministic=true is for CPU engines (policy {policy!r} has num_gpus > 0)"),
+            (e.max_num_seqs == 1, f"{fix}: policy {policy!r} has engine.max_num_seqs={e.max_num_seqs}"),
+            (not e.prefix_caching, f"{fix}: policy {policy!r} has engine.prefix_caching=true"),
+        ]
+    for policy in cfg.trainable_policies():
+        lr = cfg.policy_learner(policy)
+        checks += [
+            (lr.num_gpus == 0, f"trainer.deterministic=true is for CPU learners (policy {policy!r} has num_gpus > 0)"),
+            (lr.torch_threads >= 1, f"{fix}: policy {policy!r} has learner.torch_threads={lr.torch_threads}"),
+        ]
+    return checks
+
+
 def validate(cfg: TrainJobConfig) -> None:
     """Every cross-field check of the training job, then whether it fits the machine; raises
     ValueError naming the key(s)."""
     check_fields(cfg)
-    checks = job_checks(cfg) + learner_checks(cfg)
+    checks = job_checks(cfg) + learner_checks(cfg) + deterministic_checks(cfg)
     for ok, msg in checks:
         if not ok:
             raise ValueError(msg)

@@ -157,6 +157,11 @@ class LoopConfig:
     rollout_timeout_s: float = 1800.0  # waiting for one step's traces longer than this is an error
     max_skipped_steps: int = 3  # optimizer steps in a row skipped for a non-finite loss/gradient that stop the run
     max_failed_fraction: float = 0.5  # a step's (or an eval's) traces failing above this share stop the run
+    # learner groups that died or hung rebuilt inside the run (back to the last checkpoint); one more stops it
+    max_learner_restarts: int = 3
+    # a synchronous run ends with the same weights, to the bit, with or without faults (docs/faults.md): needs
+    # engine.max_num_seqs=1, engine.prefix_caching=false, learner.torch_threads >= 1, max_staleness=0 (CPU)
+    deterministic: bool = False
 
 
 @dataclass

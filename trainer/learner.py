@@ -550,6 +550,10 @@ class Learner:
                 f"missing, e.g. {missing[0]}): a checkpoint of another policy or another LoRA layout"
             )
 
+    def info(self) -> dict:
+        """This rank's process (what a fault test strikes)."""
+        return {"rank": self.rank, "pid": os.getpid()}
+
     def rss(self) -> int:
         """This rank's resident memory, bytes."""
         import psutil

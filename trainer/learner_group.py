@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 
 import ray
 
@@ -27,6 +28,15 @@ log = logging.getLogger(__name__)
 
 # per-rank metrics that add up over ranks (sums over each rank's tokens)
 SUMMED = ("tokens", "padded_tokens", "loss", "clip_frac", "ratio", "mismatch_kl", "kl_ref", "logp", "entropy")
+
+
+class LearnerFailed(RuntimeError):
+    """A learner rank died or did not answer: the policy's ranks can no longer train together. The
+    loop rebuilds them and goes back to the last checkpoint (trainer.max_learner_restarts)."""
+
+
+class LearnerTimeout(LearnerFailed, TimeoutError):
+    """A learner call not answered within learner.call_timeout_s (a hung collective)."""
 
 
 class LearnerGroup:
@@ -58,7 +68,13 @@ class LearnerGroup:
         self._resources = actor_options(cfg)  # the same options the config checks and the placement tests read
         self._setup_timeout_s = setup_timeout_s
         cls = ray.remote(**self._resources, **self._runtime_env())(Learner)
-        self.ranks = [cls.remote(r, model_path, cfg, loss, dtype, seed, self.adapters) for r in range(cfg.world_size)]
+        tag = uuid.uuid4().hex[:8]  # named, so that a fault test finds a rank's process
+        self.ranks = [
+            cls.options(name=f"tracerl-learner-{name}-{r}-{tag}").remote(
+                r, model_path, cfg, loss, dtype, seed, self.adapters
+            )
+            for r in range(cfg.world_size)
+        ]
         # every rank enters DeepSpeed's rendezvous at once, at rank 0's address: Ray hands each
         # setup call that address when rank 0 has answered, so nothing here waits for it
         address = self.ranks[0].master_address.remote()
@@ -119,7 +135,7 @@ class LearnerGroup:
             return ray.get(refs, timeout=self.cfg.call_timeout_s)
         except ray.exceptions.GetTimeoutError:
             late = [i for i, ref in enumerate(refs) if not ray.wait([ref], timeout=0)[0]]
-            raise TimeoutError(
+            raise LearnerTimeout(
                 f"learner {what} of policy {self.name!r}: {self._ranks(late)} did not answer "
                 f"within learner.call_timeout_s={self.cfg.call_timeout_s}"
             ) from None
@@ -132,7 +148,7 @@ class LearnerGroup:
                     dead.append(i)
                 except Exception:
                     pass
-            raise RuntimeError(
+            raise LearnerFailed(
                 f"learner {what} of policy {self.name!r}: {self._ranks(dead)} died ({type(e).__name__})"
             ) from e
 

@@ -25,7 +25,7 @@ import random
 import time
 from collections import Counter
 from contextlib import ExitStack
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +34,13 @@ import torch
 from rollout.orchestration.cluster import start_ray
 from rollout.orchestration.fleet import RolloutFleet
 from rollout.stats import trace_metrics
-from rollout.trace import Trace, write_jsonl
+from rollout.trace import Trace, read_jsonl, write_jsonl
+from trainer import checkpoint
 from trainer.checks import validate
 from trainer.config import LoopConfig, TrainJobConfig
 from trainer.evaluation import eval_sampling
+from trainer.learner_group import LearnerFailed
+from trainer.ledger import Ledger
 from trainer.metrics import RunLogger, rollout_split, step_perf, step_totals, write_atomic
 from trainer.policy import TrainedPolicy, start_learners, trained_policies
 from trainer.run_dir import check_run_dir, restore, save, start_run_dir
@@ -61,51 +64,141 @@ def train(cfg: TrainJobConfig) -> dict:
         policies = trained_policies(cfg, fleet, actors, learners)
 
         # ---- resume, the logger, and the held-out eval before training ---------------------
-        first, held = restore(policies, resume_from, loop) if resume_from else (0, [])
+        first, held, ledger = restore(policies, resume_from, loop) if resume_from else (0, [], Ledger())
         logger = actors.enter_context(open_logger(cfg, run_dir, first if resume_from else None))
-        initial = final = evaluate(fleet, cfg, first)
-        if initial:
+        initial = final = evaluate(fleet, cfg, first, again=resume_from is not None)
+        if initial and not logger.logged(first, "eval/"):
             logger.log(first, trace_metrics(initial, "eval"))
 
-        # ---- rollout ahead: up to max_staleness steps in flight, never more ------------
-        # `held`: complete groups of the steps after the last trained one, already out of the
-        # fleet (drained at a checkpoint, or read from one); `ahead`: the first step neither
-        # held nor submitted
-        ahead = submit_steps(fleet, first + len(held) // loop.groups_per_step, first + 1 + loop.max_staleness, loop)
-        # the engines' clocks when the rollout being waited for was last submitted to
-        clock = time.perf_counter(), fleet.engine_clocks()
-        for step in range(first, loop.steps):
-            began = time.perf_counter()
-            traces, held = step_traces(fleet, held, loop)
-            waited_s = time.perf_counter() - began
-            check_failures(traces, loop.max_failed_fraction, f"the rollout of step {step + 1}")
-            metrics = trace_metrics(traces, "rollout")
-            metrics.update(rollout_split(clock[1], fleet.engine_clocks(), time.perf_counter() - clock[0]))
-
-            # ---- per policy: leave out what is too stale, one optimizer step, sync -------
-            for policy in policies.values():
-                metrics.update(policy.step(traces, loop.max_staleness))
-            metrics.update(step_totals(metrics, list(policies)))
-
-            # ---- the engines have the new weights: the next rollout may start ----------
-            ahead = submit_steps(fleet, ahead, step + 2 + loop.max_staleness, loop)
-            clock = time.perf_counter(), fleet.engine_clocks()
-
-            # ---- log, checkpoint, evaluate ---------------------------------------------
-            metrics.update(step_perf(traces, metrics, waited_s, time.perf_counter() - began, fleet.engine_restarts()))
-            done = step + 1
-            # the checkpoint first: an eval that fails (the breaker) must not lose the step's training
-            if every(loop.save_every, done, loop.steps):
-                held = save(policies, fleet, run_dir, done, ahead, held, loop)
-            if every(loop.eval_every, done, loop.steps):
-                final = evaluate(fleet, cfg, done)
-                metrics.update(trace_metrics(final, "eval") if final else {})
-            log_step(logger, run_dir, done, traces, metrics, policies, loop)
+        # ---- the steps: rollout ahead, train, sync, log, checkpoint, evaluate -------------
+        at = start_rollout(fleet, Position(first, held, ledger), loop)
+        while at.step < loop.steps:
+            try:
+                final = train_step(cfg, fleet, policies, logger, run_dir, at) or final
+            except LearnerFailed as e:
+                # ---- a learner rank died or hung: new ranks, back to the last checkpoint ----
+                policies, at = rebuild_learners(cfg, fleet, actors, policies, logger, resume_from, at, e)
 
         # ---- summary ---------------------------------------------------------------------
         summary = run_summary(initial, final, first, time.time() - started, fleet, policies, loop)
+        summary |= {"ledger": at.ledger.summary(), "learner_restarts": at.learner_restarts}
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
     return summary
+
+
+@dataclass
+class Position:
+    """Where the loop stands: the next step to train, the complete groups already out of the fleet
+    for the steps after it (`held`: drained at a checkpoint, or read from one), the ledger, and
+    (start_rollout) the first step neither held nor submitted and the engines' clocks when the
+    rollout waited for was submitted to."""
+
+    step: int
+    held: list[list[Trace]]
+    ledger: Ledger
+    ahead: int = 0
+    clock: tuple = ()
+    learner_restarts: int = 0  # learner groups rebuilt in this run
+    rebuild_s: float = 0.0  # the last rebuild's seconds, from the failure to the rollout going again
+
+
+def start_rollout(fleet: RolloutFleet, at: Position, loop: LoopConfig) -> Position:
+    """Submit the rollout ahead of `at.step`: up to max_staleness steps in flight, never more."""
+    resumed_at = at.step + len(at.held) // loop.groups_per_step
+    at.ahead = submit_steps(fleet, at.ledger, resumed_at, at.step + 1 + loop.max_staleness, loop)
+    at.clock = time.perf_counter(), fleet.engine_clocks()
+    return at
+
+
+def train_step(
+    cfg: TrainJobConfig,
+    fleet: RolloutFleet,
+    policies: dict[str, TrainedPolicy],
+    logger: RunLogger,
+    run_dir: Path,
+    at: Position,
+) -> list[Trace] | None:
+    """Step `at.step` + 1: its groups, one optimizer step and a weight push per policy, the next
+    rollout submitted; its row, a checkpoint and an eval when due. Advances `at`; returns the eval's
+    traces if it ran one."""
+    loop, began, step = cfg.trainer, time.perf_counter(), at.step
+    traces, at.held = step_traces(fleet, at.ledger, at.held, loop)
+    waited_s = time.perf_counter() - began
+    check_failures(traces, loop.max_failed_fraction, f"the rollout of step {step + 1}")
+    metrics = trace_metrics(traces, "rollout")
+    metrics.update(rollout_split(at.clock[1], fleet.engine_clocks(), time.perf_counter() - at.clock[0]))
+
+    # ---- per policy: leave out what is too stale, one optimizer step, sync -------
+    for policy in policies.values():
+        metrics.update(policy.step(traces, loop.max_staleness))
+    metrics.update(step_totals(metrics, list(policies)))
+    at.ledger.settle(stale_ids(traces, policies))
+
+    # ---- the engines have the new weights: the next rollout may start ----------
+    at.ahead = submit_steps(fleet, at.ledger, at.ahead, step + 2 + loop.max_staleness, loop)
+    at.clock = time.perf_counter(), fleet.engine_clocks()
+
+    # ---- log, checkpoint, evaluate ---------------------------------------------
+    metrics.update(step_perf(traces, metrics, waited_s, time.perf_counter() - began, fleet.engine_restarts()))
+    metrics.update({**at.ledger.metrics(), **fault_metrics(fleet, at)})
+    at.step = done = step + 1
+    # the step's row and rollouts first, then the checkpoint: a driver killed between them resumes
+    # from the checkpoint before and makes the row again; never a checkpoint without its step's
+    # row. Then the eval: one that fails (the breaker) loses no training.
+    log_step(logger, run_dir, done, traces, metrics, policies, loop)
+    if every(loop.save_every, done, loop.steps):
+        at.held = save(policies, fleet, run_dir, done, at.ahead, at.held, loop, at.ledger)
+    if not every(loop.eval_every, done, loop.steps):
+        return None
+    final = evaluate(fleet, cfg, done)
+    if final:
+        logger.log(done, trace_metrics(final, "eval"))
+    return final
+
+
+def rebuild_learners(
+    cfg: TrainJobConfig,
+    fleet: RolloutFleet,
+    stack: ExitStack,
+    policies: dict[str, TrainedPolicy],
+    logger: RunLogger,
+    resume_from: Path | None,
+    at: Position,
+    error: LearnerFailed,
+) -> tuple[dict[str, TrainedPolicy], Position]:
+    """A learner rank died (or hung past learner.call_timeout_s) at step `at.step` + 1: every policy
+    gets new ranks, the run goes back to its newest checkpoint (its weights, optimizer, ledger and
+    held rollouts; none yet: the start), the rollouts in flight are dropped (the buffer fences them
+    off), and the steps since run again, as a resume would, inside the run. Bounded by
+    trainer.max_learner_restarts; takes a learner start, a checkpoint load and weight push, and
+    the steps since the checkpoint (at most trainer.save_every)."""
+    loop, t0 = cfg.trainer, time.perf_counter()
+    if at.learner_restarts >= loop.max_learner_restarts:
+        raise RuntimeError(
+            f"{error}; the learners were rebuilt {at.learner_restarts} times already "
+            f"(trainer.max_learner_restarts={loop.max_learner_restarts})"
+        ) from error
+    log.warning(f"[train] {error}: starting new learner ranks and going back to the last checkpoint")
+    for policy in policies.values():
+        policy.close()
+    policies = trained_policies(cfg, fleet, stack)
+    fleet.reset()
+    source = Path(cfg.run_dir) if checkpoint.latest(cfg.run_dir) else resume_from
+    if source is not None:
+        first, held, ledger = restore(policies, source, loop)
+    else:  # no checkpoint yet: from the start, the engines back on the model's own weights
+        first, held, ledger = 0, [], Ledger()
+        for policy in policies.values():
+            policy.sync.push(policy.version)
+    logger.rewind(first)
+    restarts = at.learner_restarts + 1
+    at = start_rollout(fleet, Position(first, held, ledger, learner_restarts=restarts), loop)
+    at.rebuild_s = time.perf_counter() - t0
+    log.warning(
+        f"[train] learners rebuilt ({restarts} of trainer.max_learner_restarts={loop.max_learner_restarts}) "
+        f"in {at.rebuild_s:.1f} s; training again from step {first}"
+    )
+    return policies, at
 
 
 # ---- the pieces train() calls -------------------------------------------------------------
@@ -136,22 +229,53 @@ def step_tasks(step: int, groups_per_step: int) -> list[int]:
     return list(range(step * groups_per_step, (step + 1) * groups_per_step))
 
 
-def submit_steps(fleet: RolloutFleet, first: int, end: int, loop: LoopConfig) -> int:
-    """Submit the groups of steps `first` .. `end - 1` (none past the last step); returns the
-    first step not submitted."""
+def submit_steps(fleet: RolloutFleet, ledger: Ledger, first: int, end: int, loop: LoopConfig) -> int:
+    """Submit the groups of steps `first` .. `end - 1` (none past the last step), into the ledger;
+    returns the first step not submitted."""
     for k in range(first, min(loop.steps, end)):
-        fleet.submit(step_tasks(k, loop.groups_per_step))
+        slots = step_tasks(k, loop.groups_per_step)
+        ledger.submit(slots)
+        fleet.submit(slots)
     return max(first, min(loop.steps, end))
 
 
-def step_traces(fleet: RolloutFleet, held: list[list[Trace]], loop: LoopConfig) -> tuple[list[Trace], list]:
-    """One step's traces (the first held groups, else the fleet's next complete ones) and the
-    groups still held. In the order of their ids, not of arrival (which varies from run to run):
-    the same groups pack into the same rows and micro-batches, so a resumed step repeats the
-    uninterrupted run's arithmetic."""
+def step_traces(
+    fleet: RolloutFleet, ledger: Ledger, held: list[list[Trace]], loop: LoopConfig
+) -> tuple[list[Trace], list]:
+    """One step's traces (the first held groups, else the fleet's next complete ones, as the
+    ledger admits them: never a group twice) and the groups still held. In the order of their
+    ids, not of arrival (which varies from run to run): the same groups pack into the same rows
+    and micro-batches, so a resumed step repeats the uninterrupted run's arithmetic."""
     groups, held = held[: loop.groups_per_step], held[loop.groups_per_step :]
-    groups = groups or fleet.take(loop.groups_per_step, loop.rollout_timeout_s)
+    groups = ledger.admit(groups or fleet.take(loop.groups_per_step, loop.rollout_timeout_s))
     return sorted((tr for group in groups for tr in group), key=lambda tr: (tr.group, tr.id)), held
+
+
+def stale_ids(traces: list[Trace], policies: dict[str, TrainedPolicy]) -> set[str]:
+    """The traces no policy trained for staleness: every trained policy with sequences of its own
+    in the trace left it out (the ledger's `stale`)."""
+    out = set()
+    for t in traces:
+        owners = {s.policy for s in t.sequences if s.trainable and s.policy in policies}
+        if owners and all(t.id in policies[p].stale_ids for p in owners):
+            out.add(t.id)
+    return out
+
+
+def fault_metrics(fleet: RolloutFleet, at: Position) -> dict[str, float]:
+    """What the run survived so far (faults/*): learner rebuilds, worker restarts and calls rerun,
+    the watchdog's restarts, its errors, and whether its thread still runs."""
+    w = fleet.watchdog
+    return {
+        "faults/learner_restarts": float(at.learner_restarts),
+        "faults/learner_rebuild_s": at.rebuild_s,
+        "faults/worker_restarts": float(fleet.worker_restarts),
+        "faults/unavailable_calls": float(fleet.unavailable_calls),
+        "faults/engines_hung": float(w.hung_engines if w else 0),
+        "faults/workers_hung": float(w.hung_workers if w else 0),
+        "faults/watchdog_errors": float(w.errors if w else 0),
+        "faults/watchdog_alive": float(bool(w and (w.alive or w.period_s == 0))),
+    }
 
 
 def every(period: int, done: int, last: int | None = None) -> bool:
@@ -178,14 +302,22 @@ def log_step(
     logger.status(done, loop.steps, metrics, list(policies))
 
 
-def evaluate(fleet: RolloutFleet, cfg: TrainJobConfig, step: int) -> list[Trace]:
+def evaluate(fleet: RolloutFleet, cfg: TrainJobConfig, step: int, again: bool = False) -> list[Trace]:
     """One harness run per held-out task, in task order, with eval sampling (never trained on);
-    kept in run_dir/eval/step_<step>.jsonl for the trace viewer. [] when eval.size is 0."""
+    kept in run_dir/eval/step_<step>.jsonl for the trace viewer. [] when eval.size is 0. `again`:
+    a resumed run's eval at its checkpoint's step, read from that file when the run before had
+    written it whole (the same weights: the same eval), instead of run twice."""
     e = cfg.eval
     if e.size == 0:
         return []
+    path = Path(cfg.run_dir) / "eval" / f"step_{step}.jsonl"
+    if again and path.exists():
+        traces = list(read_jsonl(path))
+        if len(traces) == e.size:
+            log.info(f"[train] eval at step {step}: read from {path} (written before the resume)")
+            return traces
     traces = fleet.evaluate(e.size, eval_sampling(cfg), e.timeout_s)
-    write_jsonl(traces, Path(cfg.run_dir) / "eval" / f"step_{step}.jsonl")
+    write_jsonl(traces, path)
     check_failures(traces, cfg.trainer.max_failed_fraction, f"the eval at step {step}")
     log.info(f"[train] eval at step {step}: reward {mean_reward(traces):.3f} on {len(traces)} held-out tasks")
     return traces

@@ -249,8 +249,13 @@ class RunLogger:
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         resume = resume_step is not None
+        self._keys: dict[int, set[str]] = {}  # step -> the metrics logged at it (this run's and the kept rows')
         if resume and self.path.exists():
-            write_atomic(self.path, "".join(line + "\n" for line in kept_rows(self.path, resume_step)))
+            kept = kept_rows(self.path, resume_step)
+            write_atomic(self.path, "".join(line + "\n" for line in kept))
+            for line in kept:
+                row = json.loads(line)
+                self._keys.setdefault(row["step"], set()).update(row)
         self._file = open(self.path, "a" if resume else "w")
         self.wandb = None
         if mode != "disabled":
@@ -276,8 +281,22 @@ class RunLogger:
         }
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
+        self._keys.setdefault(step, set()).update(metrics)
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
+
+    def rewind(self, step: int) -> None:
+        """Keep the rows up to `step` only (the run went back to its checkpoint at `step` and makes the
+        rows after it again). wandb keeps what it was sent: its rows past `step` are not made again."""
+        self._file.close()
+        kept = kept_rows(self.path, step)
+        write_atomic(self.path, "".join(line + "\n" for line in kept))
+        self._keys = {k: v for k, v in self._keys.items() if k <= step}
+        self._file = open(self.path, "a")
+
+    def logged(self, step: int, prefix: str) -> bool:
+        """Whether a metric named `prefix`... was logged at `step` (by this run, or a kept row)."""
+        return any(k.startswith(prefix) for k in self._keys.get(step, ()))
 
     def status(self, step: int, steps: int, m: dict[str, float], policies: list[str]) -> None:
         """One terminal line per step: the numbers a researcher watches."""

@@ -111,6 +111,7 @@ class TrainedPolicy:
         self.version = 0  # optimizer steps taken = the engines' weight version
         self.trained_tokens = 0.0  # generated tokens trained on, this process
         self.dropped_stale = 0  # traces this policy left out for staleness, this process
+        self.stale_ids: set[str] = set()  # the ids of those it left out in its last step
         self.skipped_in_a_row = 0  # optimizer steps skipped (non-finite) since the last applied one
 
     def _weight_sync(self, fleet: RolloutFleet) -> CollectiveSync | ObjectStoreSync:
@@ -145,8 +146,14 @@ class TrainedPolicy:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill the learner ranks this bundle owns (a shared adapter group: its group's, once)."""
         if self.owns_learners:
             self.learners.shutdown()
+        elif hasattr(self.learners, "group"):
+            self.learners.group.shutdown()
 
     def staleness(self, trace: Trace) -> int:
         """How many versions behind this policy's oldest trainable sequence in the trace is (0 if none)."""
@@ -162,7 +169,8 @@ class TrainedPolicy:
         algo, p = self.cfg.algorithm, self.name
         lags = [self.staleness(tr) for tr in traces]
         mine = [tr.only_policy(p) for tr, lag in zip(traces, lags) if lag <= max_staleness]
-        self.dropped_stale += len(traces) - len(mine)
+        self.stale_ids = {tr.id for tr, lag in zip(traces, lags) if lag > max_staleness}
+        self.dropped_stale += len(self.stale_ids)
         advs = compute_advantages(mine, algo.advantage)
         rows, batches = micro_batches(mine, advs, algo, self.learner_cfg.micro_batch_tokens, self.format.pad_id)
         metrics = advantage_metrics(mine, advs, p)
@@ -231,6 +239,8 @@ class TrainedPolicy:
             "trained_tokens": self.trained_tokens,
             "version": self.version,
             "dropped_stale": self.dropped_stale,
+            # what trainer.deterministic runs compare: a hash of the trained weights (rank 0's; every rank's is the same)
+            "digest": self.learners.param_digests()[0],
             "learner_nodes": self.learners.node_ids,
             "sync": type(self.sync).__name__,
         }

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from trainer import checkpoint
 from trainer.config import LoopConfig, TrainJobConfig
+from trainer.ledger import Ledger
 
 if TYPE_CHECKING:  # annotations only: checking a run_dir needs neither Ray nor torch
     from rollout.orchestration.fleet import RolloutFleet
@@ -93,10 +94,11 @@ def save(
     ahead: int,
     held: list[list[Trace]],
     loop: LoopConfig,
+    ledger: Ledger,
 ) -> list[list[Trace]]:
     """One checkpoint of every trained policy at `step`, with the rollout groups of the steps
-    after it, visible only once all are written; then only the newest `keep_last` are kept.
-    Returns those groups: the ones `held`, and the steps in flight (up to `ahead`), let finish."""
+    after it and the ledger, visible only once all are written; then only the newest `keep_last`
+    are kept. Returns those groups: the ones `held`, and the steps in flight (up to `ahead`), let finish."""
     # the steps in flight ran (partly) on weights older than the checkpoint's: they finish and
     # are kept with it, since a resumed run could not generate them again
     in_flight = (ahead - step) * loop.groups_per_step - len(held)
@@ -105,15 +107,19 @@ def save(
     for policy in policies.values():
         policy.save(run_dir, step)
     checkpoint.save_rollouts(run_dir, step, held)
-    checkpoint.finish(run_dir, step, {p: policy.version for p, policy in policies.items()})
+    versions = {p: policy.version for p, policy in policies.items()}
+    checkpoint.finish(run_dir, step, versions, {"ledger": ledger.state()})
     checkpoint.prune(run_dir, loop.keep_last, step)
     return held
 
 
-def restore(policies: dict[str, TrainedPolicy], run_dir: Path, loop: LoopConfig) -> tuple[int, list[list[Trace]]]:
+def restore(
+    policies: dict[str, TrainedPolicy], run_dir: Path, loop: LoopConfig
+) -> tuple[int, list[list[Trace]], Ledger]:
     """Every trained policy from the newest checkpoint of `run_dir` that loads (the one before
-    if the newest is damaged); returns its step and the rollout groups kept with it (whole steps
-    of `loop.groups_per_step`, else ValueError)."""
+    if the newest is damaged); returns its step, the rollout groups kept with it (whole steps
+    of `loop.groups_per_step`, else ValueError) and the run's ledger as it was then (a checkpoint
+    of an older tracerl has none: the groups kept are its open slots)."""
     held = []
 
     def load(ckpt: Path, state: dict) -> None:
@@ -140,4 +146,8 @@ def restore(policies: dict[str, TrainedPolicy], run_dir: Path, loop: LoopConfig)
         f"[train] resumed from {ckpt} at step {state['step']}"
         + (f" with {len(held)} rollout groups of the steps after it" if held else "")
     )
-    return state["step"], held
+    if "ledger" in state:
+        ledger = Ledger(state["ledger"])
+    else:
+        ledger = Ledger({"open": [g[0].info["slot"] for g in held if g and "slot" in g[0].info]})
+    return state["step"], held, ledger

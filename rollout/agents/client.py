@@ -29,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import msgspec
 import tokenizers
 
 from rollout.agents.gateway import Gateway
@@ -306,15 +307,38 @@ def _warn_once(name: str) -> None:
 
 
 class TraceRecorder:
-    """Collects the sequences of one harness run, in call order."""
+    """Collects the sequences of one harness run, in call order: a call takes its place when it
+    starts (`reserve`) and its sequence fills it when the engine answers, so concurrent calls
+    (parallel sub-agents, a gateway's agents) are recorded in the order the harness made them, not
+    in the order they finished (which follows timing: a replay would build other rows)."""
 
     def __init__(self, trace_id: str):
         self.trace_id = trace_id
-        self.sequences: list[Sequence] = []
+        self._slots: list[Sequence | None] = []  # None: a call in flight, or one that never answered
 
-    def record(self, seq: Sequence) -> int:
-        self.sequences.append(seq)
-        return len(self.sequences) - 1
+    def reserve(self) -> int:
+        """A place for a call that starts now; its index is what `record` returns for it."""
+        self._slots.append(None)
+        return len(self._slots) - 1
+
+    def record(self, seq: Sequence, slot: int | None = None) -> int:
+        """Put `seq` in its call's place (`slot` from `reserve`; None: a new place at the end)."""
+        slot = self.reserve() if slot is None else slot
+        self._slots[slot] = seq
+        return slot
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        """The recorded sequences in call order; the places of calls that never answered are left
+        out, and each `parent` renumbered to match."""
+        if all(s is not None for s in self._slots):
+            return list(self._slots)
+        index = {old: new for new, old in enumerate(i for i, s in enumerate(self._slots) if s is not None)}
+        return [
+            s if s.parent is None else msgspec.structs.replace(s, parent=index.get(s.parent))
+            for s in self._slots
+            if s is not None
+        ]
 
 
 class Agent:
@@ -366,7 +390,8 @@ class Agent:
     async def generate(self, prompt_ids: list[int], parent: int | None = None, **sampling) -> tuple[Completion, int]:
         """Low level: one completion of raw prompt ids; returns it and its sequence index."""
         params = dataclasses.replace(self._sampling, n=1, **sampling)
-        [c] = await self._backend.generate(self._recorder.trace_id, prompt_ids, params, self._call_seed())
+        seed, slot = self._call_seed(), self._recorder.reserve()  # both in call order
+        [c] = await self._backend.generate(self._recorder.trace_id, prompt_ids, params, seed)
         index = self._recorder.record(
             Sequence(
                 prompt_ids=prompt_ids,
@@ -379,7 +404,8 @@ class Agent:
                 finish_reason=c.finish_reason,
                 parent=parent,
                 temperature=params.temperature,
-            )
+            ),
+            slot,
         )
         return c, index
 

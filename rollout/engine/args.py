@@ -117,7 +117,7 @@ def engine_args(
         # which is the behaviour policy the learner's importance ratio needs.
         logprobs_mode="processed_logprobs",
         worker_extension_cls="rollout.engine.worker_ext.WeightSyncExtension",
-        enable_prefix_caching=True,
+        enable_prefix_caching=cfg.prefix_caching,
         # TP 1: one engine-core process with the worker inside it. TP > 1: one worker process per
         # rank on this actor's own devices; left to itself (None), vLLM 0.32 picks its Ray executor
         # inside a placement group and asks Ray for more GPUs (config/parallel.py, __post_init__).

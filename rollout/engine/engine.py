@@ -16,9 +16,12 @@ arguments; before its first request it loads its policies' newest weights and
 versions from their `WeightStore`s, so nothing it serves is older than what the
 run had pushed. `health()` is the watchdog's probe (rollout/orchestration/fleet.py). When
 vLLM's engine-core process dies (the OOM killer, a CUDA fault) the actor would
-stay alive with every call failing: instead, the first call that meets the dead
-core ends the actor's process, so Ray restarts it like any dead engine and the
-router sends its requests again.
+stay alive with every call failing, and a vLLM utility call in flight (the first
+request's task query, pause, weight load, prefix reset, adapter load) would wait
+forever: vLLM never fails a utility future whose core died (vllm-project/vllm
+PR #56416). Instead a watch task on the actor's loop (`watch_core`) ends the
+actor's process within CORE_WATCH_S of the death, whatever is waiting, so Ray
+restarts it like any dead engine and the router sends its requests again.
 
 Weight loads on one engine run one at a time (a late collective load and the
 object-store fallback that replaces it never interleave their pause, load and
@@ -44,6 +47,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,19 +81,36 @@ class EngineError(RuntimeError):
     The worker runs such an episode again (rollout.retries) instead of blaming the harness."""
 
 
+CORE_WATCH_S = 0.5  # how often the watch reads whether vLLM's engine core died
+
+
 def _dies_with_core(method):
     """`method`, except that a failure that finds vLLM's engine core dead ends this process
-    (Engine._exit_for_restart) instead of answering: Ray restarts the engine."""
+    (Engine._exit_if_core_died) instead of answering: Ray restarts the engine. BaseException: a
+    call cancelled by its caller (the router's deadline, an episode's) checks the core too."""
 
     @functools.wraps(method)
     async def wrapper(self, *args, **kwargs):
         try:
             return await method(self, *args, **kwargs)
-        except Exception:
+        except BaseException:
             self._exit_if_core_died()
             raise
 
     return wrapper
+
+
+async def watch_core(
+    errored: Callable[[], bool], on_dead: Callable[[], None], stopped: Callable[[], bool], period_s: float
+) -> None:
+    """Every `period_s` until `stopped()`: once `errored()` (vLLM's engine core is dead), call
+    `on_dead()` and return. A call that waits on the dead core is never answered by vLLM, so the
+    engine cannot rely on a call to notice the death: this watch does, whatever is waiting."""
+    while not stopped():
+        if errored():
+            on_dead()
+            return
+        await asyncio.sleep(period_s)
 
 
 class Engine:
@@ -145,16 +166,38 @@ class Engine:
             f"(vLLM imported in {t0 - since:.1f} s, core on a {core_kind(cfg)}: weights and KV cache "
             f"{self.start_s:.1f} s)"
         )
+        self._init_state(stores, index)
+
+    def _init_state(self, stores: dict | None, index: int) -> None:
+        """The engine's own bookkeeping: requests, loads, the catch-up, the core watch."""
         self._active = 0  # requests in flight
         self._finished = 0  # requests answered (the watchdog's sign of progress)
         self._busy_s = 0.0  # seconds with at least one request in flight
         self._busy_since = 0.0
         self._stores, self._index = dict(stores or {}), index
         self._caught_up: asyncio.Task | None = None  # loading the store's newest weights, once
+        self._catching_up_since: float | None = None  # monotonic start of the catch-up in progress
         self._load_lock = asyncio.Lock()  # one weight load at a time
         self._loading_since: float | None = None  # monotonic start of the load holding the lock
         self._loads_waiting = 0  # loads queued behind it
+        self._unloaded_since: float | None = None  # a base load failed then: paused until a full one succeeds
+        self._admitting = asyncio.Event()  # clear while a load holds generation paused: new requests wait
+        self._admitting.set()
         self._shut_down = False  # shutdown() stopped vLLM on purpose
+        self._watch: asyncio.Task | None = None  # watch_core on this actor's loop
+        self._watch_core()  # Ray runs an async actor's __init__ on its loop; else the first call starts it
+
+    def _watch_core(self) -> None:
+        """Start the core watch on the running loop, once (a no-op without one)."""
+        if self._watch is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._watch = loop.create_task(
+            watch_core(lambda: self._llm.errored, self._exit_if_core_died, lambda: self._shut_down, CORE_WATCH_S)
+        )
 
     def _exit_if_core_died(self) -> None:
         """vLLM's engine-core process is gone (its monitor thread marks the client dead): this actor
@@ -170,22 +213,48 @@ class Engine:
     async def _current(self) -> None:
         """Before anything else this process does: check in with the stores and load each policy's
         newest weights if the run has pushed any (this engine was restarted after a crash)."""
-        if not self._stores:
+        caught_up = self._start_catch_up()
+        if caught_up is None:
             return
-        if self._caught_up is None:
-            self._caught_up = asyncio.ensure_future(self._catch_up())
         try:
-            await asyncio.shield(self._caught_up)
+            await asyncio.shield(caught_up)
         except Exception:
-            if self._caught_up.done():  # failed (e.g. a lost store ref): the next call tries again
+            if caught_up.done() and self._caught_up is caught_up:  # failed (a lost store ref): the next call retries
                 self._caught_up = None
             raise
 
+    def _start_catch_up(self) -> asyncio.Task | None:
+        """The catch-up with the stores (started once; again after a failed one), or None without stores."""
+        self._watch_core()
+        if not self._stores:
+            return None
+        if self._caught_up is None:
+            self._catching_up_since = time.monotonic()
+            self._caught_up = asyncio.ensure_future(self._catch_up())
+            self._caught_up.add_done_callback(self._caught_up_done)
+        return self._caught_up
+
+    def _caught_up_done(self, task: asyncio.Task) -> None:
+        self._catching_up_since = None
+        if not task.cancelled() and task.exception() is not None:
+            log.warning(f"[engine] pool {self.pool!r} engine {self._index}: catching up failed: {task.exception()}")
+
     async def _catch_up(self) -> None:
+        """Each store's newest version, loaded; every wait bounded (engine.sync_timeout_s) and named."""
+        limit = self.cfg.sync_timeout_s
         for policy, store in self._stores.items():
-            version, refs = await store.checkout.remote(self._index)
-            if refs:
-                await self._load(version, await refs[0], policy)
+            what = f"engine {self._index} of pool {self.pool!r}: the WeightStore of policy {policy!r}"
+            try:
+                version, refs = await asyncio.wait_for(store.checkout.remote(self._index), limit)
+                buckets = await asyncio.wait_for(refs[0], limit) if refs else None
+            except TimeoutError:
+                raise RuntimeError(
+                    f"{what} did not hand its weights over within engine.sync_timeout_s={limit}"
+                ) from None
+            except Exception as e:
+                raise RuntimeError(f"{what} failed: {type(e).__name__}: {e}") from e
+            if buckets is not None:
+                await self._load(version, buckets, policy)
 
     # ------------------------------------------------------------ generation
     @_dies_with_core
@@ -200,6 +269,7 @@ class Engine:
                 f"prompt of {len(prompt_ids)} tokens + max_tokens {sampling.max_tokens} exceeds "
                 f"model.max_model_len {self._llm.model_config.max_model_len}"
             )
+        await self._admitting.wait()  # a load in progress: its version, not the one before it, samples this
         version, lora = self._serving(policy)
         final = None
         with self._in_flight():
@@ -291,30 +361,47 @@ class Engine:
 
     @contextlib.asynccontextmanager
     async def _loading(self):
-        """Hold the engine's one weight-load slot (later loads queue), marked as loading for `info()`."""
+        """Hold the engine's one weight-load slot (later loads queue), marked as loading for `info()`;
+        new requests wait until it is over (and, after a failed base load, until a full one succeeds),
+        so each is tagged with the version it is sampled from."""
         self._loads_waiting += 1
         try:
             await self._load_lock.acquire()
         finally:
             self._loads_waiting -= 1
         self._loading_since = time.monotonic()
+        self._admitting.clear()
         try:
             yield
         finally:
             self._loading_since = None
+            if self._unloaded_since is None:
+                self._admitting.set()
             self._load_lock.release()
 
     async def _swap_base(self, version: int, method: str, *args) -> int:
         """Run the worker's load `method` with generation paused; the prefix cache (computed
-        with the old weights) is reset and later outputs carry `version`."""
+        with the old weights) is reset and later outputs carry `version`. A load that fails leaves
+        generation paused: vLLM reloads layer by layer in place, so a load that broke off halfway
+        (a collective push another engine's death cut short) leaves a model of neither version,
+        which must not serve. Requests wait until a full load succeeds (the push's object-store
+        fallback; past engine.sync_timeout_s the watchdog restarts the engine, which loads the
+        store's newest weights)."""
         async with self._loading():
             await self._llm.pause_generation(mode=self.cfg.sync_pause_mode, clear_cache=True)
             try:
                 loaded = await self._llm.collective_rpc(method, args=args)
                 await self._llm.reset_prefix_cache()
-                self.version = version
-            finally:
-                await self._llm.resume_generation()
+            except BaseException as e:
+                if self._unloaded_since is None:
+                    self._unloaded_since = time.monotonic()
+                log.error(
+                    f"[engine] pool {self.pool!r} engine {self._index}: loading version {version} failed "
+                    f"({type(e).__name__}: {str(e)[:200]}); generation stays paused until a full load succeeds"
+                )
+                raise
+            self.version, self._unloaded_since = version, None
+            await self._llm.resume_generation()
         return loaded[0]
 
     @_dies_with_core
@@ -390,12 +477,17 @@ class Engine:
     # ------------------------------------------------------------ metadata
     async def info(self) -> dict:
         """What the engine serves and how busy it is; `loading_s`: seconds into the weight load in
-        progress (None: none), `loads_waiting`: loads queued behind it."""
+        progress, or since a failed one left generation paused (None: none); `loads_waiting`: loads
+        queued behind it; `catching_up`: a restarted engine is loading its stores' newest weights
+        (its version is the one it had before then). Answers at once, also during the catch-up,
+        which it starts."""
         import ray
 
         self._exit_if_core_died()
-        await self._current()
-
+        self._start_catch_up()  # not awaited: a restarted engine answers while it loads (the watchdog reads it)
+        since = next(
+            (t for t in (self._loading_since, self._catching_up_since, self._unloaded_since) if t is not None), None
+        )
         busy = self._busy_s + (time.perf_counter() - self._busy_since if self._active else 0.0)
         return {
             "pool": self.pool,
@@ -411,7 +503,8 @@ class Engine:
             "finished": self._finished,
             "pid": os.getpid(),
             "core_pids": self._core_pids(),
-            "loading_s": None if self._loading_since is None else time.monotonic() - self._loading_since,
+            "loading_s": None if since is None else time.monotonic() - since,
+            "catching_up": self._catching_up_since is not None,
             "loads_waiting": self._loads_waiting,
             "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
         }

@@ -5,6 +5,16 @@ Rollout workers `put` traces as they finish; the trainer `get`s whole groups
 as GRPO). A malformed trace is rejected at the door with the reason, counted,
 and never reaches the trainer. Failed traces still complete their group (the
 trainer sees and counts them) so a crashing harness cannot stall a group.
+
+Every group is released once, whatever is retried. A group is keyed by its slot:
+the task index the driver submitted (one per submission; a task source that wraps
+around gives two slots the same task id), else its group id. A put is idempotent
+by trace id (a repeat replaces, counted `repeated`), a put to a slot already
+complete is dropped (`late`) unless a newer call made it (the slot submitted anew),
+and every put carries the epoch of the worker call that made it: `reopen(slots,
+epoch)` (a rerun of a call that failed, which may still be running: Ray's "actor
+unavailable") and `reset(epoch)` (the driver rolled back to a checkpoint) fence
+off every older call's later puts (`fenced`).
 """
 
 from __future__ import annotations
@@ -15,6 +25,8 @@ from typing import Any
 
 from rollout.trace import Trace, TraceError
 
+Slot = int | str  # a submitted task index, or a group id
+
 
 class TraceBuffer:
     """Holds traces by group and releases complete groups in completion order."""
@@ -23,18 +35,22 @@ class TraceBuffer:
         """`vocab_sizes`: policy -> vocabulary size; a sequence's ids must fall inside its policy's."""
         self.group_size = group_size
         self.vocab_sizes = dict(vocab_sizes or {})
-        self._partial: dict[str, list[Trace]] = OrderedDict()  # group id -> traces so far
+        self._partial: dict[Slot, dict[str, Trace]] = OrderedDict()  # slot -> trace id -> trace
         self._ready: list[list[Trace]] = []  # complete groups, oldest first
-        self._complete: set[str] = set()  # ids of every group completed so far
+        self._complete: dict[Slot, int] = {}  # slot -> the epoch that completed it (since the last reset)
+        self._floors: dict[Slot, int] = {}  # slot -> the oldest epoch whose puts it still takes
+        self._floor = 0  # the oldest epoch any group takes (reset)
         self._cond = asyncio.Condition()
         self._interrupted = 0  # the latest get `call` number interrupted (calls count from 1)
         self.counts: Counter[str] = Counter(received=0, rejected=0, groups_ready=0, groups_taken=0)
         self.errors: list[str] = []  # latest rejection reasons
         self._max_errors_kept = max_errors_kept
 
-    async def put(self, trace: Trace | dict[str, Any]) -> str | None:
-        """Add one trace; returns why it was rejected (also recorded) if it is malformed, None if
-        it was taken."""
+    async def put(self, trace: Trace | dict[str, Any], epoch: int = 0, slot: int | None = None) -> str | None:
+        """Add one trace of submission `slot` (None: its group id), made by a worker call of `epoch`;
+        returns why it was rejected (also recorded) if it is malformed, None otherwise: taken, or
+        dropped as a repeat of what the buffer holds (`late`: its slot is complete; `fenced`: a
+        newer call reran its slot)."""
         try:
             if isinstance(trace, dict):
                 trace = Trace.from_dict(trace)
@@ -45,15 +61,27 @@ class TraceBuffer:
             self.counts["rejected"] += 1
             self.errors = (self.errors + [str(e)])[-self._max_errors_kept :]
             return str(e)
+        key = trace.group if slot is None else slot
+        if key in self._complete:
+            if epoch <= self._complete[key]:
+                self.counts["late"] += 1
+                return None
+            del self._complete[key]  # a newer call: the slot submitted anew (not a rerun), a new group
+        if epoch < max(self._floor, self._floors.get(key, 0)):
+            self.counts["fenced"] += 1
+            return None
         self.counts["received"] += 1
-        self.counts[f"status_{trace.status}"] += 1
-        group = self._partial.setdefault(trace.group, [])
-        group.append(trace)
+        group = self._partial.setdefault(key, {})
+        if trace.id in group:
+            self.counts["repeated"] += 1
+        else:
+            self.counts[f"status_{trace.status}"] += 1
+        group[trace.id] = trace
         if len(group) >= self.group_size:
-            del self._partial[trace.group]
-            self._complete.add(trace.group)
+            del self._partial[key]
+            self._complete[key] = epoch
             async with self._cond:
-                self._ready.append(group)
+                self._ready.append(list(group.values()))
                 self.counts["groups_ready"] += 1
                 self._cond.notify_all()
         return None
@@ -78,12 +106,22 @@ class TraceBuffer:
         self.counts["groups_taken"] += len(taken)
         return taken
 
-    async def reopen(self, groups: list[str]) -> list[str]:
-        """Groups of a worker that died are run again: drop their partial traces (counted as
-        `discarded`) and return those already complete (not to be run twice)."""
-        for g in groups:
-            self.counts["discarded"] += len(self._partial.pop(g, []))
-        return [g for g in groups if g in self._complete]
+    async def reopen(self, slots: list[Slot], epoch: int = 0) -> list[Slot]:
+        """The slots of a worker call that failed run again in a call of `epoch`: drop their partial
+        traces (counted as `discarded`), refuse every older call's later puts to them, and return
+        those already complete (not to be run twice)."""
+        for g in slots:
+            self.counts["discarded"] += len(self._partial.pop(g, {}))
+            self._floors[g] = max(self._floors.get(g, 0), epoch)
+        return [g for g in slots if g in self._complete]
+
+    async def reset(self, epoch: int) -> None:
+        """Forget every group (partial, complete, not taken) and refuse the puts of calls older than
+        `epoch`: the driver rolled back to a checkpoint and submits those groups again."""
+        async with self._cond:
+            self.counts["discarded"] += sum(map(len, self._partial.values())) + sum(map(len, self._ready))
+            self._partial, self._ready, self._complete, self._floors = OrderedDict(), [], {}, {}
+            self._floor = max(self._floor, epoch)
 
     async def interrupt(self, call: int) -> None:
         """End the wait of `get` number `call` (and of any earlier one)."""

@@ -11,25 +11,31 @@ that dies surfaces here with its error; a failed start kills what it made.
 
 Engines heal: Ray restarts a dead engine (`engine.max_restarts`), which then
 loads its policy's newest weights from the policy's WeightStore before it
-serves; a watchdog thread probes every engine each `engine.health_check_s`
-and has Ray restart one that does not answer within `engine.health_timeout_s`
-(a hung engine core). The episodes such a failure cut short run again
-(rollout.retries), so no group comes up short.
+serves; a watchdog (rollout/orchestration/watchdog.py) probes every engine and
+worker at once and has Ray restart one that does not answer (a hung engine
+core, a worker whose event loop a harness blocks). The episodes such a failure
+cut short run again (rollout.retries), so no group comes up short.
+
+Every group submitted ends once. Each worker call carries an epoch (the
+fleet's call number); a call that fails is rerun in a new epoch, and the buffer
+refuses the puts of the failed one, which may still be running (Ray's "actor
+unavailable" means exactly that): no group is completed from two calls' traces.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 import ray
 
 from rollout.config import RolloutJobConfig, SamplingConfig
+from rollout.faultpoints import armed, fires
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import spawn_buffer, spawn_engines, spawn_stores, spawn_workers
-from rollout.orchestration.router import actor_state, wait_until_restarted
+from rollout.orchestration.router import actor_state, answer, wait_until_restarted
+from rollout.orchestration.watchdog import Watchdog
 from rollout.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -46,14 +52,15 @@ class RolloutFleet:
         self.engines: dict[str, list] = {}  # policy -> its pool's Engine actor handles
         self.stores: dict = {}  # policy -> WeightStore actor (a restarted engine's newest weights)
         self.buffer = None
-        self.hung_restarts = 0  # engines the watchdog had restarted (a probe not answered, or failed)
-        self._stop_watch = threading.Event()
-        self._watchdog: threading.Thread | None = None
+        self.watchdog: Watchdog | None = None
         self.workers: list = []
         # RolloutWorker.run call -> (worker, tasks, the worker's life it was sent to)
         self._inflight: dict[ray.ObjectRef, tuple[int, list[int], int]] = {}
         self._lives: list[int] = []  # per worker: the restarts seen so far (one death fails all its calls)
+        self._pids: list[int] = []  # per worker: its process (a failed call whose worker kept it was no death)
         self.worker_restarts = 0  # rollout workers that died and were restarted
+        self.unavailable_calls = 0  # worker calls that failed while their worker lived on (rerun, fenced)
+        self._epoch = 0  # worker calls so far: each call's epoch (the buffer fences off older ones)
         self._takes = 0  # buffer.get calls so far (numbers them, for buffer.interrupt)
         try:
             models = {p: cfg.policy_model(p) for p in cfg.used_policies()}
@@ -75,12 +82,22 @@ class RolloutFleet:
             self.buffer = spawn_buffer(cfg.rollout.group_size, self.vocab_sizes)
             self.workers = spawn_workers(cfg, self.engines, tokenizers, self.buffer)
             self._lives = [0] * len(self.workers)
-            if any(cfg.policy_engine(p).health_check_s > 0 for p in self.engines):
-                self._watchdog = threading.Thread(target=self._watch, name="engine-watchdog", daemon=True)
-                self._watchdog.start()
+            self._pids = [s["pid"] for s in ray.get([w.stats.remote() for w in self.workers], timeout=60)]
+            self.watchdog = Watchdog(
+                [(n, i, e, cfg.pool_engine(pools[n])) for n, ps in self.pools.items() for i, e in enumerate(ps)],
+                self.workers,
+                cfg.rollout.health_check_s,
+                cfg.rollout.health_timeout_s,
+                lambda engine, c: probe_engine(engine, c.health_timeout_s, c.sync_timeout_s),
+            )
         except BaseException:
             self.shutdown()
             raise
+
+    @property
+    def hung_restarts(self) -> int:
+        """Engines the watchdog had restarted (a probe not answered, or answered with an error)."""
+        return self.watchdog.hung_engines if self.watchdog else 0
 
     def __enter__(self) -> RolloutFleet:
         return self
@@ -92,9 +109,14 @@ class RolloutFleet:
     def submit(self, task_indices: list[int]) -> None:
         """Start one group of `rollout.group_size` traces per task index, spread over the workers."""
         n = len(self.workers)
-        for i, w in enumerate(self.workers):
+        for i in range(n):
             if task_indices[i::n]:
-                self._inflight[w.run.remote(task_indices[i::n])] = (i, task_indices[i::n], self._lives[i])
+                self._send(i, task_indices[i::n])
+
+    def _send(self, worker: int, tasks: list[int], rerun: bool = False) -> None:
+        self._epoch += 1
+        ref = self.workers[worker].run.remote(tasks, rerun=rerun, epoch=self._epoch)
+        self._inflight[ref] = (worker, tasks, self._lives[worker])
 
     def take(self, num_groups: int, timeout_s: float) -> list[list[Trace]]:
         """Block until `num_groups` complete groups are buffered and take them, oldest first.
@@ -108,14 +130,18 @@ class RolloutFleet:
         deadline = time.monotonic() + timeout_s
         ready = False
         while self._inflight:
+            if armed("worker_call_unavailable"):  # a call still running is taken for failed (rollout/faultpoints.py)
+                running = ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=0)[1]
+                for ref in [r for r in running if fires("worker_call_unavailable")]:
+                    self._rerun(ref, ray.exceptions.ActorUnavailableError("fault point worker_call_unavailable", None))
             done, _ = ray.wait([get, *self._inflight], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done or get in done:
                 ready = bool(done)
                 break
             self._collect(done[0])
         if not ready:  # timed out, or every submitted episode is in the buffer: end its wait
-            ray.get(self.buffer.interrupt.remote(self._takes), timeout=60)
-        groups = ray.get(get, timeout=60)
+            answer(self.buffer.interrupt.remote(self._takes), 60, "the trace buffer (interrupt)")
+        groups = answer(get, 60, "the trace buffer (get)")
         if len(groups) < num_groups:
             if not self._inflight:
                 raise RuntimeError(self._short("every submitted episode finished", groups, num_groups))
@@ -123,23 +149,31 @@ class RolloutFleet:
         return groups
 
     def _collect(self, ref: ray.ObjectRef) -> None:
-        """A finished RolloutWorker.run call. If its worker died, Ray restarts it
-        (rollout.max_worker_restarts) and the call goes to it again with `rerun`: the groups it had
-        not completed start over (their partial traces are dropped), the complete ones are not run
+        """A finished RolloutWorker.run call. If it failed with its worker (dead: Ray restarts it,
+        rollout.max_worker_restarts; or out of Ray's sight, maybe still running), its groups go to
+        the worker again with `rerun`: the groups it had not completed start over (their partial
+        traces are dropped, the failed call's later puts refused), the complete ones are not run
         twice. Any other error, or a worker out of restarts, is raised with context."""
-        worker, tasks, life = self._inflight.pop(ref)
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            self._await_restart(worker, life, e, "running its unfinished groups again")
-            self._inflight[self.workers[worker].run.remote(tasks, rerun=True)] = (worker, tasks, self._lives[worker])
+            self._rerun(ref, e)
+            return
         except Exception as e:
-            raise RuntimeError(f"rollout worker {worker} failed: {e}") from e
+            raise RuntimeError(f"rollout worker {self._inflight.pop(ref)[0]} failed: {e}") from e
+        del self._inflight[ref]
+
+    def _rerun(self, ref: ray.ObjectRef, error: Exception) -> None:
+        worker, tasks, life = self._inflight.pop(ref)
+        self._await_restart(worker, life, error, "running its unfinished groups again")
+        self._send(worker, tasks, rerun=True)
 
     def _await_restart(self, worker: int, life: int, error: Exception, then: str) -> None:
-        """Wait until Ray has restarted dead rollout worker `worker`; RuntimeError if it does not come back.
-        `life`: the worker's restarts when the failed call was sent; a call that dies with a life already
-        restarted (the worker held two calls when it died) goes to the restarted worker at once."""
+        """Wait until dead rollout worker `worker` answers again (Ray restarts it); RuntimeError if it
+        does not come back. `life`: the worker's restarts when the failed call was sent; a call that
+        dies with a life already restarted (the worker held two calls when it died) goes to the
+        restarted worker at once. A worker that answers from the same process did not die (Ray
+        lost sight of the call: "actor unavailable"): not counted as a restart."""
         if life < self._lives[worker]:
             return
         limit = self.cfg.rollout.worker_restart_timeout_s
@@ -150,14 +184,32 @@ class RolloutFleet:
                 f"rollout.max_worker_restarts={self.cfg.rollout.max_worker_restarts}): "
                 f"{error}"
             ) from error
+        pid = answer(self.workers[worker].stats.remote(), limit, f"rollout worker {worker} (stats)")["pid"]
+        if pid == self._pids[worker]:
+            self.unavailable_calls += 1
+            log.warning(
+                f"[rollout] a call to rollout worker {worker} failed ({type(error).__name__}) while it lives; {then}"
+            )
+            return
+        self._pids[worker] = pid
         self._lives[worker] += 1
         self.worker_restarts += 1
         log.warning(f"[rollout] worker {worker} died ({type(error).__name__}); {then}")
 
+    def reset(self) -> None:
+        """Drop every rollout in flight and every buffered group (the driver rolled back to a
+        checkpoint and submits those groups again): the calls are cancelled, and the buffer refuses
+        their puts however late they come."""
+        for ref in self._inflight:
+            ray.cancel(ref)
+        self._inflight = {}
+        self._epoch += 1
+        answer(self.buffer.reset.remote(self._epoch), 60, "the trace buffer (reset)")
+
     def _short(self, why: str, groups: list, num_groups: int) -> str:
         return (
             f"rollout: {why} with {len(groups)}/{num_groups} complete groups; buffer: "
-            f"{ray.get(self.buffer.stats.remote(), timeout=60)}"
+            f"{answer(self.buffer.stats.remote(), 60, 'the trace buffer (stats)')}"
         )
 
     # ---------------------------------------------------------------- evaluation
@@ -243,59 +295,14 @@ class RolloutFleet:
     def engine_restarts(self) -> int:
         """Engine restarts so far, every pool (a restarted engine checks in with each of its
         pool's stores: the first one counts)."""
-        return sum(ray.get([self.stores[ps[0]].restarts.remote() for ps in self.pool_members.values()], timeout=60))
-
-    # ---------------------------------------------------------------- health
-    def _watch(self) -> None:
-        """The watchdog thread: probe each engine in turn, every health_check_s."""
-        period = min(c for c in (self.cfg.policy_engine(p).health_check_s for p in self.engines) if c > 0)
-        while not self._stop_watch.wait(period):
-            for name, pool in list(self.pools.items()):
-                for i, engine in enumerate(pool):
-                    if self._stop_watch.is_set():
-                        return
-                    self._probe(name, i, engine)
-
-    def _probe(self, pool: str, index: int, engine) -> None:
-        """One health probe; an engine that does not answer in time and has not finished a request
-        meanwhile is killed for Ray to restart (then waited for, so a slow start is not taken for a
-        hang). One that finished requests is busy, not hung: the probe queued behind its requests."""
-        cfg = self.cfg.pool_engine(self.pool_members[pool])
-        if cfg.health_check_s <= 0:
-            return
-        verdict = probe_engine(engine, cfg.health_timeout_s, cfg.sync_timeout_s)
-        if verdict in ("busy", "loading"):
-            why = (
-                "it finished requests meanwhile"
-                if verdict == "busy"
-                else f"it is loading weights (within engine.sync_timeout_s={cfg.sync_timeout_s})"
-            )
-            log.info(
-                f"[rollout] engine {index} of {pool!r}: a health probe waited over engine.health_timeout_s="
-                f"{cfg.health_timeout_s}, but {why}: {verdict}, not hung"
-            )
-        if verdict not in ("hung", "broken"):
-            return
-        log.warning(
-            f"[rollout] engine {index} of {pool!r} "
-            + (
-                f"did not answer a health probe within engine.health_timeout_s={cfg.health_timeout_s}"
-                if verdict == "hung"
-                else "answered a health probe with an error"
-            )
-            + ": restarting it"
-        )
-        self.hung_restarts += 1
-        ray.kill(engine, no_restart=False)
-        time.sleep(1.0)  # let Ray see it die before asking for it
-        wait_until_restarted(engine, "info", cfg.start_timeout_s)  # a slow start is not a hang
+        asked = [self.stores[ps[0]].restarts.remote() for ps in self.pool_members.values()]
+        return sum(answer(asked, 60, f"the WeightStores of {sorted(self.pool_members)} (restarts)"))
 
     # ---------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
         """Kill every actor the fleet made (also those of a start that failed half-way)."""
-        self._stop_watch.set()
-        if self._watchdog is not None:
-            self._watchdog.join(timeout=5)
+        if self.watchdog is not None:
+            self.watchdog.stop()
         for actor in [
             *self.workers,
             self.buffer,

@@ -111,6 +111,18 @@ def wait_until_restarted(actor, method: str, timeout_s: float) -> bool:
     return False
 
 
+def answer(ref, timeout_s: float, what: str):
+    """`ray.get(ref)` (a ref or a list of them) within `timeout_s`: a call to a helper actor (the trace
+    buffer, a weight store) that is gone or stopped fails naming `what` (the actor and the call),
+    never a silent hang or an anonymous GetTimeoutError."""
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise TimeoutError(f"{what} did not answer within {timeout_s} s") from None
+    except ray.exceptions.RayActorError as e:
+        raise RuntimeError(f"{what}: the actor died ({type(e).__name__}: {str(e)[:300]})") from e
+
+
 def actor_state(actor) -> str:
     """Ray's state of an actor (ALIVE, RESTARTING, DEAD, ...); ALIVE when Ray cannot say. (Ray
     has no public call for it without its dashboard.)"""

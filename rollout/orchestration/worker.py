@@ -21,6 +21,7 @@ from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.agents.gateway import Gateway, GatewayLimits
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
 from rollout.engine.engine import EngineError
+from rollout.faultpoints import fires
 from rollout.log import setup_logging
 from rollout.orchestration.router import Router
 from rollout.trace import Trace, TraceError
@@ -188,36 +189,52 @@ class RolloutWorker:
         paired evaluation matches items by their question)."""
         return {"task": task.id, "question": task.question, "worker": self.worker_id}
 
-    async def run(self, task_indices: list[int], rerun: bool = False) -> dict[str, Any]:
+    async def run(self, task_indices: list[int], rerun: bool = False, epoch: int = 0) -> dict[str, Any]:
         """Run one group per task index, streaming each trace to the buffer as it finishes.
-        `rerun`: these groups were given to a worker that died; the buffer drops their partial
-        traces and only the groups it has not completed run (again, with the same seeds)."""
+        `rerun`: these groups were given to a call that failed (its worker died, or Ray lost sight
+        of it while it may still run); the buffer drops their partial traces and fences off that
+        call's later puts, and only the groups it has not completed run (again, with the same seeds).
+        `epoch`: this call's number (the fleet's, increasing), carried by every put."""
         sem = asyncio.Semaphore(self.cfg.concurrency)
-        tasks = list(map(self.tasks.train_task, task_indices))
         if rerun:
-            complete = set(await self.buffer.reopen.remote([task.id for task in tasks]))
-            tasks = [task for task in tasks if task.id not in complete]
+            complete = set(await self._to_buffer("reopen", self.buffer.reopen.remote(list(task_indices), epoch)))
+            task_indices = [i for i in task_indices if i not in complete]
+        tasks = {i: self.tasks.train_task(i) for i in task_indices}  # the buffer's slot: the index
 
-        async def one(task, sample: int) -> None:
+        async def one(slot: int, task, sample: int) -> None:
             async with sem:
                 trace = await self.episode(task, task.id, sample)
-            rejected = await self.buffer.put.remote(trace)
+            trace.info["slot"] = slot  # the driver's ledger names the group by it
+            rejected = await self._to_buffer("put", self.buffer.put.remote(trace, epoch, slot))
+            if rejected is None and fires("buffer_put_twice"):
+                await self._to_buffer("put", self.buffer.put.remote(trace, epoch, slot))
             if rejected is not None:  # its group still completes: with a failed trace in its place
                 self.counts["traces_rejected"] += 1
-                await self.buffer.put.remote(
-                    Trace(
-                        id=trace.id,
-                        group=trace.group,
-                        sequences=[],
-                        status="failed",
-                        error=f"rejected by the trace buffer: {rejected}"[:2000],
-                        info=self._task_info(task),
-                    )
+                failed = Trace(
+                    id=trace.id,
+                    group=trace.group,
+                    sequences=[],
+                    status="failed",
+                    error=f"rejected by the trace buffer: {rejected}"[:2000],
+                    info={**self._task_info(task), "slot": slot},
                 )
+                await self._to_buffer("put", self.buffer.put.remote(failed, epoch, slot))
 
-        jobs = [one(task, k) for task in tasks for k in range(self.cfg.group_size)]
+        jobs = [one(i, task, k) for i, task in tasks.items() for k in range(self.cfg.group_size)]
         await asyncio.gather(*jobs)
         return await self.stats()
+
+    async def _to_buffer(self, what: str, call):
+        """A call to the trace buffer, bounded by rollout.buffer_timeout_s: a buffer that is gone or
+        stopped fails this worker's run call with an error naming it, never a silent hang."""
+        limit = self.cfg.buffer_timeout_s
+        try:
+            return await asyncio.wait_for(call, limit)
+        except TimeoutError:
+            raise RuntimeError(
+                f"rollout worker {self.worker_id}: the trace buffer did not answer a {what} within "
+                f"rollout.buffer_timeout_s={limit}"
+            ) from None
 
     async def evaluate(self, indices: list[int], sampling: SamplingConfig, samples: int = 1) -> list[Trace]:
         """Run the harness `samples` times on each held-out task in `indices` with `sampling` (not

@@ -83,6 +83,39 @@ def test_every_call_is_recorded_with_role_policy_version(engine, tiny_tokenizer)
     assert tiny_tokenizer.decode(rec.sequences[1].prompt_ids).startswith("<|im_start|>system\nYou judge.")
 
 
+@pytest.mark.integration
+def test_concurrent_calls_are_recorded_in_the_order_they_were_made(engine, tiny_tokenizer):
+    """Two calls of one trace at once, the first long and the second short (it finishes first): the
+    trace holds them in call order, so a replay builds the same rows whatever the timing (before,
+    completion order). A conversation's turn started after them keeps its parent; a call that fails
+    leaves no gap, and the parents after it are renumbered."""
+    rec = TraceRecorder("order")
+    agent, _ = make_agent(engine, tiny_tokenizer, recorder=rec)
+
+    class Failing:
+        async def generate(self, *args):
+            await asyncio.sleep(0.05)
+            raise RuntimeError("this call never answers")
+
+    broken = Agent("solver", "main", Failing(), ChatFormat(tiny_tokenizer), rec, SamplingConfig(max_tokens=4))
+
+    async def run():
+        conv = agent.conversation()
+        await conv.reply("Count to ten.", max_tokens=3)
+        long = agent.chat("Write a long story.", max_tokens=48, ignore_eos=True)
+        short = agent.chat("Say hi.", max_tokens=2, ignore_eos=True)
+        failed = broken.chat("Lost.")
+        done = await asyncio.gather(long, short, failed, return_exceptions=True)
+        await conv.reply("Go on.", max_tokens=3)
+        return done
+
+    done = asyncio.run(run())
+    assert isinstance(done[2], RuntimeError)
+    seqs = rec.sequences
+    assert [len(s.completion_ids) for s in seqs[1:3]] == [48, 2], "call order, not finishing order"
+    assert len(seqs) == 4 and [s.parent for s in seqs] == [None, None, None, 0]
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("model", ["tiny", "smollm2_135m"])
 def test_token_conversation_equals_template_rendering(model):

@@ -1,6 +1,9 @@
 """The Engine actor against an HF fp32 forward of the same weights (real vLLM CPU build)."""
 
+import asyncio
+import contextlib
 import os
+import time
 
 import pytest
 import ray
@@ -197,56 +200,235 @@ def test_the_watchdog_tells_a_busy_engine_from_a_hung_one(ray_cluster, tiny_path
         ray.kill(e)
 
 
+@pytest.mark.unit
+def test_the_core_watch_ends_an_engine_whose_core_died_while_a_call_waits_forever():
+    """rollout/engine/engine.py::watch_core, the fix of the dead-core hang: vLLM never answers a utility
+    call (the first request's task query, a pause, a weight load) whose engine core died, so the engine
+    cannot wait for a call to meet the death. Here a call waits on a future nobody completes (the lost
+    utility future) and the core is marked dead after it started: the watch calls on_dead within two
+    periods, and the call is still waiting (nothing else would have noticed). A stopped watch never fires."""
+    from rollout.engine.engine import watch_core
+
+    async def scenario() -> tuple[float, bool]:
+        core = {"dead": False}
+        fired = asyncio.Event()
+        lost = asyncio.get_running_loop().create_future()  # the utility future vLLM never completes
+        watch = asyncio.create_task(watch_core(lambda: core["dead"], fired.set, lambda: False, 0.05))
+        call = asyncio.create_task(asyncio.wait_for(lost, 30))
+        await asyncio.sleep(0.12)  # the call is waiting; the watch has looked a few times
+        assert not fired.is_set()
+        core["dead"] = True
+        t0 = time.monotonic()
+        await asyncio.wait_for(fired.wait(), 1.0)
+        waited = time.monotonic() - t0
+        assert watch.done() and not call.done(), "the call alone would have waited its 30 s"
+        call.cancel()
+        stopped = asyncio.Event()
+        quiet = asyncio.create_task(watch_core(lambda: True, stopped.set, lambda: True, 0.05))
+        await asyncio.sleep(0.12)
+        return waited, quiet.done() and not stopped.is_set()
+
+    waited, quiet = asyncio.run(scenario())
+    assert waited < 0.1 + 0.05, waited  # two periods
+    assert quiet, "a watch whose engine was shut down on purpose returns without calling on_dead"
+
+
 @pytest.mark.e2e
-def test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals():
-    """engine.core=process (vLLM's AsyncLLM, the GPU default): its engine-core child process dies
-    (the OOM killer, a CUDA fault), not the actor: the next call that meets the dead core ends the
-    actor, Ray restarts it, and the router sends the request again to a new process. Run as the
-    background lane's job (killed_core_run, a Ray of its own beside the main tests)."""
+def test_a_core_killed_under_a_waiting_call_ends_its_actor_within_seconds_and_the_engine_heals():
+    """engine.core=process (vLLM's AsyncLLM, the GPU default), the dead-core race made deterministic
+    (review reliability_faults.md §1.6): the core is SIGSTOPped, a call is sent that waits inside vLLM
+    on a utility reply the stopped core cannot give, then the core is SIGKILLed and nothing else is
+    called on the engine. Before the core watch, vLLM never failed that call: the first request
+    waited for the router's deadline and the engine never exited. Now the actor ends within seconds
+    of the kill, Ray restarts it, and:
+    - the engine's first request (vLLM's task query in flight) is sent again and answered;
+    - a base weight load (its pause in flight) fails as a dead actor, not a hang, and the restarted
+      engine serves the version the store holds;
+    - an adapter load (its pause in flight) likewise;
+    - an idle engine whose core dies is restarted before anything calls it.
+    A background lane job with a Ray of its own (killed_core_run)."""
     r = lane.result("killed_core")
     assert r["cores"] and r["cores_are_children"], "vLLM's engine core runs in a child process of the actor"
-    assert r["completion_tokens"] > 0 and r["resent"] == 1, "sent again to the restarted engine"
-    assert r["pid_after"] != r["pid"], "a new engine process serves"
+    first = r["first_request"]
+    assert first["active_before_kill"] == 1, "the request was inside vLLM when the core died"
+    assert first["answered"] and first["tokens"] > 0 and first["resent"] == 1, first
+    assert first["actor_exit_s"] < 15, f"the actor ended {first['actor_exit_s']} s after the kill"
+    assert first["pid_after"] != r["pid"], "a new engine process serves"
+    for case in ("base_load", "adapter_load"):
+        load = r[case]
+        assert load["loading_before_kill"], (case, "the load was in progress when the core died")
+        # the actor's death, as Ray reports it to a call in flight (died, or unavailable while it restarts)
+        assert load["error"] in ("ActorDiedError", "ActorUnavailableError") and load["failed_s"] < 15, (case, load)
+        assert load["pid_after"] not in (load["pid"], None), (case, load)
+    assert r["base_load"]["version_after"] == r["base_load"]["store_version"], "caught up from the store"
+    idle = r["idle"]
+    assert idle["actor_exit_s"] < 15 and idle["pid_after"] != idle["pid"], idle
 
 
-LANE_TESTS = {"test_a_killed_engine_core_process_ends_its_actor_and_the_engine_heals": "killed_core"}
+LANE_TESTS = {
+    "test_a_core_killed_under_a_waiting_call_ends_its_actor_within_seconds_and_the_engine_heals": "killed_core"
+}
 
 
 def lane_jobs() -> dict[str, lane.Job]:
     code = "from tests.rollout.engine.test_engine import killed_core_run; killed_core_run()"
-    return {"killed_core": lane.Job(["-c", code], 600, own_ray=True)}  # Ray restarts the engine in it
+    return {"killed_core": lane.Job(["-c", code], 900, own_ray=True)}  # Ray restarts the engine in it
+
+
+def _pid_gone(pid: int, timeout_s: float) -> float | None:
+    """Seconds until process `pid` is gone (None: still there after `timeout_s`)."""
+    import psutil
+
+    t0 = time.monotonic()
+    try:
+        psutil.Process(pid).wait(timeout=timeout_s)
+    except psutil.TimeoutExpired:
+        return None
+    except psutil.NoSuchProcess:
+        pass
+    return round(time.monotonic() - t0, 2)
+
+
+def _until(predicate, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "the schedule's condition never came"
+        time.sleep(0.05)
 
 
 def killed_core_run() -> None:
-    """The lane's job for the test above: a process-core engine whose core processes are killed,
-    then a request through the router; what happened as a JSON line."""
-    import asyncio
+    """The lane's job for the test above: one process-core engine serving the tiny model and a
+    LoRA adapter, its core killed four times under the deterministic schedule; what happened as
+    one JSON line."""
     import json
+    import sys
+    import threading
 
     import psutil
+    from safetensors.torch import save as save_tensors
+    from transformers import AutoModelForCausalLM
 
-    from rollout.config import EngineConfig, RayConfig
+    from rollout.config import EngineConfig, LoraConfig, RayConfig
+    from rollout.engine.engine import EngineError
     from rollout.models import resolve_model
     from rollout.orchestration.cluster import start_ray
     from rollout.orchestration.router import Router
 
     start_ray(RayConfig(address="local", num_cpus=4))
-    cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, core="process", max_restarts=1)
-    stores = {"main": spawn_stores(["main"])}  # with a store, Ray restarts a dead engine
-    [e] = spawn_engines({"main": (resolve_model("tiny"), ModelConfig(name="tiny"), cfg)}, stores=stores)["main"]
-    info = ray.get(e.info.remote(), timeout=60)
-    cores = [psutil.Process(core) for core in info["core_pids"]]
-    found = {"pid": info["pid"], "cores": len(cores), "cores_are_children": all(c.ppid() == info["pid"] for c in cores)}
-    for core in cores:
-        core.kill()
-    psutil.wait_procs(cores, timeout=30)
-    router = Router([e], "main", timeout_s=300, restart_timeout_s=300)
-    [c] = asyncio.run(router.generate("trace-0", [5, 6, 7], SamplingConfig(max_tokens=4)))
-    found |= {"completion_tokens": len(c.completion_ids), "resent": router.resent["trace-0"]}
-    found["pid_after"] = ray.get(e.info.remote(), timeout=60)["pid"]
+    path = resolve_model("tiny")
+    cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, core="process", max_restarts=4, start_timeout_s=300)
+    stores = spawn_stores(["main", "a"])  # with stores, Ray restarts a dead engine
+    pool = "main+a"
+    [e] = spawn_engines(
+        {pool: (path, ModelConfig(name="tiny"), cfg)},
+        stores={pool: stores},
+        adapters={pool: {"a": LoraConfig(rank=4, alpha=8.0)}},
+    )[pool]
+    info = lambda: ray.get(e.info.remote(), timeout=60)  # noqa: E731 - never called between a kill and the exit
+    first = info()
+    found = {"pid": first["pid"], "cores": len(first["core_pids"])}
+    found["cores_are_children"] = all(psutil.Process(c).ppid() == first["pid"] for c in first["core_pids"])
+
+    def stop_core() -> tuple[int, list]:
+        now = info()
+        cores = [psutil.Process(c) for c in now["core_pids"]]
+        for core in cores:
+            core.suspend()  # alive, answering nothing
+        return now["pid"], cores
+
+    def kill(cores) -> float:
+        for core in cores:
+            core.kill()
+        return time.monotonic()
+
+    # 1. the engine's first request: vLLM's get_supported_tasks utility call in flight
+    pid, cores = stop_core()
+    router, answer, answered_at = Router([e], pool, timeout_s=120, restart_timeout_s=300), {}, []
+
+    def request() -> None:
+        try:
+            [c] = asyncio.run(router.generate("trace-0", [5, 6, 7], SamplingConfig(max_tokens=4)))
+            answer.update(answered=True, tokens=len(c.completion_ids))
+        except EngineError as err:
+            answer.update(answered=False, error=str(err))
+        answered_at.append(time.monotonic())
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    _until(lambda: info()["active"] == 1)
+    case = {"active_before_kill": info()["active"]}
+    killed = kill(cores)
+    case["actor_exit_s"] = _pid_gone(pid, 60)
+    thread.join(timeout=400)
+    case |= {**answer, "request_s": round(answered_at[0] - killed, 1), "resent": router.resent["trace-0"]}
+    print(json.dumps({"first_request": case}), file=sys.stderr, flush=True)  # progress
+    case["pid_after"] = info()["pid"]
+    found["first_request"] = case
+
+    # 2. a base weight load (and 3. an adapter load): the load's pause_generation in flight
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    base = [save_tensors({k: v.detach().clone() for k, v in model.named_parameters()})]
+    ray.get(stores["main"].publish.remote(7, [ray.put(base)]), timeout=60)  # what a restart loads
+    for name, load in (
+        ("base_load", lambda: e.update_weights.remote(7, base)),
+        ("adapter_load", lambda: e.update_weights.remote(1, [adapter_buckets(path)], "a")),
+    ):
+        pid, cores = stop_core()
+        ref = load()
+        _until(lambda: info()["loading_s"] is not None)
+        case = {"pid": pid, "loading_before_kill": True}
+        killed = kill(cores)
+        try:
+            ray.get(ref, timeout=120)
+            case["error"] = None
+        except ray.exceptions.GetTimeoutError:
+            case["error"] = "hung"
+        except ray.exceptions.RayActorError as err:
+            case["error"] = type(err).__name__
+        case["failed_s"] = round(time.monotonic() - killed, 1)
+        after = _wait_info(e)
+        case |= {"pid_after": after["pid"] if after else None, "version_after": after and after["version"]}
+        case["store_version"] = 7
+        found[name] = case
+
+    # 4. an idle engine: nothing in flight, nothing called after the kill
+    now = info()
+    killed = kill([psutil.Process(c) for c in now["core_pids"]])
+    found["idle"] = {"pid": now["pid"], "actor_exit_s": _pid_gone(now["pid"], 60)}
+    found["idle"]["pid_after"] = (_wait_info(e) or {}).get("pid")
     ray.kill(e)
     ray.shutdown()
     print(json.dumps(found))
+
+
+def _wait_info(engine, timeout_s: float = 400.0) -> dict | None:
+    """The restarted engine's info once it answers (and has caught up with its stores)."""
+    from rollout.orchestration.router import wait_until_restarted
+
+    if not wait_until_restarted(engine, "info", timeout_s):
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = ray.get(engine.info.remote(), timeout=60)
+        if not info["catching_up"] or time.monotonic() > deadline:
+            return info
+        time.sleep(0.2)
+
+
+def adapter_buckets(model_path: str) -> bytes:
+    """A LoRA adapter of rank 4 for the tiny model, as PEFT names its tensors (lora_B zero: the base)."""
+    import copy
+
+    from peft import get_peft_model, get_peft_model_state_dict
+    from safetensors.torch import save as save_tensors
+    from transformers import AutoModelForCausalLM
+
+    from rollout.config import LoraConfig
+    from rollout.engine.lora_names import peft_config
+
+    hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = get_peft_model(copy.deepcopy(hf), peft_config(LoraConfig(rank=4, alpha=8.0), model_path))
+    return save_tensors({k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()})
 
 
 @pytest.mark.integration
@@ -343,3 +525,69 @@ def test_cpu_engines_count_log_prob_ranks_eagerly_with_the_same_counts(monkeypat
     assert torch._dynamo.config.disable is True and os.environ["TORCH_COMPILE_DISABLE"] == "1"
     eager = batched_count_greater_than(logprobs, sampled)
     assert torch.equal(eager, compiled) and torch.equal(eager, (logprobs >= sampled).sum(-1))
+
+
+@pytest.mark.integration
+def test_a_failed_base_load_keeps_generation_paused_until_a_full_load(engine, hf_tiny):
+    """vLLM reloads layer by layer in place, so a collective load that breaks off halfway (another
+    engine died mid-push) leaves weights of neither version. The engine must not serve them: after a
+    failed load (here a receive with no weight group: the engine cannot tell how far a load got)
+    requests wait, the watchdog reads the engine as loading (not hung), and the next full load
+    (the push's object-store fallback) resumes them, tagged with its version. (Before: generation
+    resumed at once on the half-loaded model, tagged with the old version.)"""
+    from rollout.orchestration.fleet import probe_engine
+
+    same = save({k: v.detach().clone() for k, v in hf_tiny.named_parameters()})
+    v0 = ray.get(engine.info.remote(), timeout=60)["version"]
+    with pytest.raises(ray.exceptions.RayTaskError, match="_tracerl_group"):
+        ray.get(engine.receive_weights.remote(v0 + 1, []), timeout=60)
+    waiting = engine.generate.remote([5, 6, 7], SamplingConfig(max_tokens=4))
+    assert not ray.wait([waiting], timeout=3.0)[0], "a request was served by a half-loaded model"
+    info = ray.get(engine.info.remote(), timeout=60)
+    assert info["loading_s"] is not None and info["version"] == v0
+    assert probe_engine(engine, timeout_s=1.0, load_timeout_s=600.0) == "loading"
+    ray.get(engine.update_weights.remote(v0 + 1, [same]), timeout=120)
+    [c] = ray.get(waiting, timeout=60)
+    assert c.version == v0 + 1 and len(c.completion_ids) > 0
+    assert ray.get(engine.info.remote(), timeout=60)["loading_s"] is None
+
+
+@pytest.mark.e2e
+def test_a_restarted_engine_answers_info_while_it_catches_up(ray_cluster, tiny_path, hf_tiny):
+    """A restarted engine first loads its store's newest weights (a big model: minutes). Its info()
+    answers meanwhile, saying so (catching_up, loading_s), so the watchdog sees "loading", not
+    "hung", and does not kill it in a loop. Here the WeightStore is SIGSTOPped before the engine is
+    killed, so the restarted engine's catch-up waits on it; SIGCONT lets it finish. (Before: info()
+    awaited the catch-up, so the restart never answered and the probe said hung.)"""
+    import psutil
+
+    from rollout.config import EngineConfig
+    from rollout.orchestration.fleet import probe_engine
+    from rollout.orchestration.router import wait_until_restarted
+
+    cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, max_restarts=1)
+    stores = spawn_stores(["main"])
+    [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), cfg)}, stores={"main": stores})["main"]
+    store = psutil.Process(ray.get(stores["main"].__ray_call__.remote(lambda self: os.getpid()), timeout=60))
+    weights = [save({k: v.detach().clone() for k, v in hf_tiny.named_parameters()})]
+    try:
+        ray.get(stores["main"].publish.remote(3, [ray.put(weights)]), timeout=60)
+        old = psutil.Process(ray.get(e.info.remote(), timeout=60)["pid"])
+        store.suspend()
+        old.kill()
+        psutil.wait_procs([old], timeout=30)
+        assert wait_until_restarted(e, "info", 300), "the restarted engine answers info while catching up"
+        info = ray.get(e.info.remote(), timeout=10)
+        assert info["pid"] != old.pid and info["catching_up"] and info["loading_s"] is not None, info
+        assert probe_engine(e, timeout_s=2.0, load_timeout_s=600.0) == "loading"
+        store.resume()
+        deadline = time.monotonic() + 120
+        while ray.get(e.info.remote(), timeout=10)["catching_up"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        [c] = ray.get(e.generate.remote([5, 6, 7], SamplingConfig(max_tokens=4)), timeout=120)
+        assert c.version == 3, "it serves the store's version"
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            store.resume()
+        ray.kill(e)
+        ray.kill(stores["main"])

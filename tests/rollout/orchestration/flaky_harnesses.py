@@ -1,6 +1,9 @@
 """Test-only harnesses: misbehave on chosen task indices, behave on the rest."""
 
 import asyncio
+import tempfile
+import time
+from pathlib import Path
 
 import numpy as np
 
@@ -11,14 +14,25 @@ def _index(task) -> int:
     return int(task.id.rsplit("/", 1)[1])
 
 
+def block_marker(index: int) -> Path:
+    """While this file exists, task `index` (200-299) of `flaky` blocks its worker's event loop, once."""
+    return Path(tempfile.gettempdir()) / f"tracerl-test-block-{index}"
+
+
 async def flaky(task, agents, raise_on: int = 1, hang_on: int = 2, nan_on: int = 3, hang_from: int = 100):
     """One model call; then raises / hangs / returns NaN on the chosen task indices (hangs from
-    `hang_from` on too)."""
+    `hang_from` on too); tasks 50-99 take a second more; tasks 200-299 block the event loop for 90 s
+    (a synchronous call: the worker answers nothing) if their `block_marker` exists, which they remove."""
     text = await agents["solver"].chat(task.prompt, max_tokens=8)
     i = _index(task)
+    if 50 <= i < 100:
+        await asyncio.sleep(1.0)
+    if 200 <= i < 300 and block_marker(i).exists():
+        block_marker(i).unlink()
+        time.sleep(90)
     if i == raise_on:
         raise RuntimeError(f"harness bug on task {i}")
-    if i == hang_on or i >= hang_from:
+    if i == hang_on or hang_from <= i < 200:
         await asyncio.sleep(3600)
     if i == nan_on:
         return float("nan")

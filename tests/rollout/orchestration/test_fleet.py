@@ -30,6 +30,8 @@ FLAKY = [
     "harness._target_=tests.rollout.orchestration.flaky_harnesses.flaky",
     "harness.name=flaky",
     "rollout.timeout_s=5",
+    "rollout.health_check_s=1",  # the worker watchdog: a blocked event loop is found in seconds
+    "rollout.health_timeout_s=3",
 ]
 
 
@@ -129,6 +131,54 @@ def test_a_worker_that_dies_holding_two_calls_is_one_restart_and_both_run_again(
     workers = {g[0].info["task"].rsplit("/", 1)[1]: g[0].info["worker"] for g in groups}
     assert workers == {"2": 0, "104": 0, "102": 1, "103": 1}, workers
     assert fleet.worker_restarts == restarts + 1
+
+
+def test_a_call_taken_for_failed_while_it_still_runs_is_rerun_and_no_group_comes_twice(fleet):
+    """Ray's "actor unavailable" means the call may or may not have run: here (the fault point
+    worker_call_unavailable) the fleet takes worker 0's call for failed while it runs on, and reruns
+    its group on the same worker. Both calls finish their episodes, but the buffer fences off the
+    old call's puts (its epoch is older than the rerun's): each group comes once, with two distinct
+    traces, none left over; the worker was not restarted (same process), so no restart is counted.
+    (Before: the group completed from both calls' traces and a second copy of it was released.)"""
+    from rollout import faultpoints
+
+    restarts, unavailable = fleet.worker_restarts, fleet.unavailable_calls
+    before = ray.get(fleet.buffer.stats.remote(), timeout=60)
+    faultpoints.arm("worker_call_unavailable", times=1)
+    try:
+        fleet.submit([50, 51])  # each call's two episodes take a second more than the rerun needs to start
+        groups = fleet.take(2, timeout_s=120)
+    finally:
+        faultpoints.disarm()
+    deadline = time.monotonic() + 60  # the old call's episodes end a second later: their puts refused
+    while True:
+        stats = ray.get(fleet.buffer.stats.remote(), timeout=60)
+        refused = stats.get("fenced", 0) + stats.get("late", 0) - before.get("fenced", 0) - before.get("late", 0)
+        if refused >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert refused == 2, stats
+    assert sorted(g[0].info["slot"] for g in groups) == [50, 51]
+    assert all(len({t.id for t in g}) == 2 for g in groups)
+    assert stats["groups_waiting"] == 0 and stats["groups_partial"] == 0, "no second copy, nothing left over"
+    assert fleet.unavailable_calls == unavailable + 1 and fleet.worker_restarts == restarts
+
+
+def test_a_worker_whose_event_loop_is_blocked_is_restarted_and_its_groups_run_again(fleet):
+    """A harness that blocks its worker's event loop (a synchronous call that does not return: here
+    90 s, once) leaves the worker alive but deaf: the watchdog's stats() probe is not answered within
+    rollout.health_timeout_s, so it kills the worker, Ray restarts it and the fleet reruns its groups.
+    (Before: no worker was probed; the step waited out rollout_timeout_s, here 60 s, and failed.)"""
+    from tests.rollout.orchestration.flaky_harnesses import block_marker
+
+    restarts, hung = fleet.worker_restarts, fleet.watchdog.hung_workers
+    block_marker(210).touch()
+    fleet.submit([210, 5])  # task 210 to worker 0
+    groups = fleet.take(2, timeout_s=60)
+    assert not block_marker(210).exists(), "the harness blocked"
+    assert sorted(g[0].info["slot"] for g in groups) == [5, 210]
+    assert [t.status for g in groups for t in g if t.status == "failed"] == []
+    assert fleet.watchdog.hung_workers == hung + 1 and fleet.worker_restarts == restarts + 1
 
 
 def test_evaluation_survives_a_worker_that_dies(fleet):

@@ -16,7 +16,9 @@ The draws are seeded, so a schedule replays. The points (grep `fires(`):
   taken for failed with Ray's "actor unavailable" while it keeps running: the fleet reruns its
   groups, which the buffer's epochs must keep from being taken twice;
 - `buffer_put_twice` (rollout/orchestration/worker.py): a trace is put twice, as a retried RPC
-  would: the buffer's put must be idempotent.
+  would: the buffer's put must be idempotent;
+- `harness_hang` (rollout/orchestration/worker.py): an episode stalls for `arg` seconds inside its
+  deadline before the harness runs, as a harness waiting on a slow tool would.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ ENV, SEED_ENV = "TRACERL_FAULTS", "TRACERL_FAULTS_SEED"
 
 _lock = threading.Lock()
 _armed: dict[str, tuple[float, int | None]] = {}  # name -> (probability, firings left; None: unbounded)
+_args: dict[str, float] = {}  # name -> the number a point that takes one was armed with (a delay's seconds)
 _rng = random.Random(0)
 hits: Counter[str] = Counter()  # firings so far, by point
 
@@ -52,10 +55,17 @@ def parse(spec: str) -> dict[str, tuple[float, int | None]]:
     return out
 
 
-def arm(name: str, prob: float = 1.0, times: int | None = None) -> None:
-    """Make point `name` fire with probability `prob` each time it is reached, at most `times` times."""
+def arm(name: str, prob: float = 1.0, times: int | None = None, arg: float = 0.0) -> None:
+    """Make point `name` fire with probability `prob` each time it is reached, at most `times` times;
+    `arg`: its number, for a point that takes one (`arg(name)`)."""
     with _lock:
         _armed[name] = (prob, times)
+        _args[name] = arg
+
+
+def arg(name: str) -> float:
+    """The number point `name` was armed with (0.0 if none)."""
+    return _args.get(name, 0.0)
 
 
 def disarm(name: str | None = None) -> None:

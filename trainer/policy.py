@@ -239,7 +239,7 @@ class TrainedPolicy:
             "trained_tokens": self.trained_tokens,
             "version": self.version,
             "dropped_stale": self.dropped_stale,
-            # what trainer.deterministic runs compare: a hash of the trained weights (rank 0's; every rank's is the same)
+            # what trainer.deterministic runs compare: a hash of the trained weights (rank 0's, as every rank's)
             "digest": self.learners.param_digests()[0],
             "learner_nodes": self.learners.node_ids,
             "sync": type(self.sync).__name__,

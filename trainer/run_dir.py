@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 def check_run_dir(cfg: TrainJobConfig) -> None:
     """Refuse, before anything starts, a run_dir that holds a previous run unless the config says
     what to do with it (trainer.resume or trainer.overwrite), a resume without a checkpoint, and a
-    resume with nothing left to train. Raises ValueError naming the keys."""
+    resume with nothing left to train (but one that only lacks its summary: a run killed after its
+    last checkpoint). Raises ValueError naming the keys."""
     t, run_dir, source = cfg.trainer, Path(cfg.run_dir), resume_source(cfg)
     newest = checkpoint.latest(source) if source else None
     if t.resume and t.resume != "auto" and newest is None:
@@ -44,7 +45,10 @@ def check_run_dir(cfg: TrainJobConfig) -> None:
         )
     # past a damaged trainer_state.json, as the resume itself falls back
     newest, state = (checkpoint.newest_state(source) if newest else None) or (None, {"step": -1})
-    if state["step"] >= t.steps:
+    # a run killed after its last checkpoint, before its summary, is finished by its resume (a job's
+    # retry must not fail for it); one that has its summary, or a checkpoint past trainer.steps, is not
+    unfinished = continues_here and state["step"] == t.steps and not (run_dir / "summary.json").exists()
+    if state["step"] >= t.steps and not unfinished:
         raise ValueError(
             f"trainer.resume={t.resume!r}: {newest} is at step {state['step']} of "
             f"trainer.steps={t.steps}: nothing left to train; raise trainer.steps, or start afresh "

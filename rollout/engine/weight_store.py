@@ -26,5 +26,11 @@ class WeightStore:
         self.starts[index] += 1
         return self.version, [self.buckets] if self.buckets is not None else []
 
+    def info(self) -> dict:
+        """The version held, and this actor's process (what a fault test strikes)."""
+        import os
+
+        return {"version": self.version, "pid": os.getpid()}
+
     def restarts(self) -> int:
         return sum(n - 1 for n in self.starts.values())

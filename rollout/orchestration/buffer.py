@@ -20,6 +20,7 @@ off every older call's later puts (`fenced`).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -131,6 +132,7 @@ class TraceBuffer:
 
     async def stats(self) -> dict[str, Any]:
         return {
+            "pid": os.getpid(),
             **self.counts,
             "groups_waiting": len(self._ready),
             "groups_partial": len(self._partial),

@@ -154,12 +154,15 @@ def on_driver_node() -> dict:
 
 def spawn_stores(policies: list[str]) -> dict:
     """One WeightStore actor per policy (no CPU), on the driver's node: what a restarted engine loads first."""
-    return {p: ray.remote(num_cpus=0)(WeightStore).options(**on_driver_node()).remote() for p in policies}
+    tag = uuid.uuid4().hex[:8]  # named, so that a fault test finds their processes
+    cls = ray.remote(num_cpus=0)(WeightStore)
+    return {p: cls.options(name=f"tracerl-store-{p}-{tag}", **on_driver_node()).remote() for p in policies}
 
 
 def spawn_buffer(group_size: int, vocab_sizes: dict[str, int]):
     """The TraceBuffer (no CPU), on the driver's node."""
-    return ray.remote(num_cpus=0)(TraceBuffer).options(**on_driver_node()).remote(group_size, vocab_sizes)
+    name = f"tracerl-buffer-{uuid.uuid4().hex[:8]}"  # named, so that a fault test finds its process
+    return ray.remote(num_cpus=0)(TraceBuffer).options(name=name, **on_driver_node()).remote(group_size, vocab_sizes)
 
 
 def spawn_workers(

@@ -17,6 +17,7 @@ from typing import Any
 
 from harnesses.base import HarnessResult, as_result, collect_scoring_notes, load_harness
 from harnesses.verifiers.scoring import ScoringScope
+from rollout import faultpoints
 from rollout.agents.client import Agent, ChatFormat, TraceRecorder
 from rollout.agents.gateway import Gateway, GatewayLimits
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
@@ -105,6 +106,8 @@ class RolloutWorker:
         try:
             with collect_scoring_notes() as notes, ScoringScope(agents) as scoring:
                 async with deadline:  # a judge's scores (harnesses/verifiers/judge.py) are awaited within it
+                    if fires("harness_hang"):  # rollout/faultpoints.py: a harness stalled on a slow tool
+                        await asyncio.sleep(faultpoints.arg("harness_hang"))
                     result = as_result(
                         await scoring.settle(await self.harness(task, agents, **self.harness_options)),
                         self.reward_range,

@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # scripts/bench/_reference.py (what the benches measure against) is a module, not a bench
 BENCHES = sorted(p.stem for p in (ROOT / "scripts" / "bench").glob("*.py") if not p.stem.startswith("_"))
 # generous: a bench runs at nice 10 beside the rest of the suite (alone: 5-80 s each)
-DEADLINE_S = {"faults": 900, "e2e": 900, "learner": 900, "rollout_path": 600}  # others: 450
-# a Ray of its own: it strikes actors by name (tests/trainer/test_faults.py reads the same run)
-OWN_RAY = {"faults"}
+DEADLINE_S = {"faults": 900, "chaos": 1200, "e2e": 900, "learner": 900, "rollout_path": 600}  # others: 450
+# a Ray of its own: they strike actors by name (tests/trainer/test_faults.py reads the faults run)
+OWN_RAY = {"faults", "chaos"}
 
 
 def run_quick(name: str) -> dict:
@@ -127,6 +127,21 @@ def check_faults(r):
     assert run["fault"] == "in_turn" and r["extra_wall_s"] == {} and run["steps_done"] == run["steps"] == 6, r
     assert run["injected"] and run["survived"], run  # the run survives every fault
     assert run["engine_restarts"] == 4 and run["traces_lost"] == 0, run  # and trains every trace
+
+
+def check_chaos(r):
+    # --quick: the deterministic sync run alone (async has no oracle; its promises are the same
+    # checkers'), five faults of five kinds struck while it ran, each healed within its bound: and
+    # nothing lost, nothing trained twice, every submitted group ended, and the weights of the
+    # fault-free reference run to the bit
+    [sync] = r["modes"].values()
+    assert sync["mode"] == "sync" and sum(r["faults"].values()) == 5 and len(r["faults"]) == 5, r["faults"]
+    assert not sync["nemesis_errors"], sync["nemesis_errors"]
+    assert r["lost"] == 0 and r["duplicated"] == 0 and r["heal_over_bound"] == 0, sync["fault_log"]
+    assert r["run_finished"] and sync["ledger_balanced"] and sync["failed_traces"] == 0, sync["ledger"]
+    assert r["digest_equal"] and sync["first_divergent_step"] is None, sync
+    assert sync["starts"] == 2, "the driver's kill, resumed once"
+    assert sync["learner_rebuild_s"], "the learner rank's death healed inside the run"
 
 
 def check_engine_start(r):

@@ -36,8 +36,12 @@ def test_a_damaged_trainer_state_falls_back_to_the_checkpoint_before(tmp_path, d
         )
 
     check_run_dir(cfg(4))  # resumes from step 2: steps 3 and 4 left
+    check_run_dir(cfg(2))  # killed after its last checkpoint, before its summary: the resume finishes it
+    (tmp_path / "summary.json").write_text("{}")
     with pytest.raises(ValueError, match="step_000002 is at step 2 of trainer.steps=2: nothing left to train"):
         check_run_dir(cfg(2))
+    with pytest.raises(ValueError, match="step_000002 is at step 2 of trainer.steps=1: nothing left to train"):
+        check_run_dir(cfg(1))
 
 
 @pytest.mark.unit

@@ -79,7 +79,7 @@ def test_a_reused_run_dir_is_refused_unless_resumed_or_overwritten(tmp_path):
     assert start_run_dir(cfg("trainer.resume=auto")) == (tmp_path, tmp_path)
     assert checkpoint.latest(tmp_path), "resuming keeps the checkpoints"
     with pytest.raises(ValueError, match="nothing left to train"):
-        check_run_dir(cfg("trainer.resume=auto", "trainer.steps=2"))
+        check_run_dir(cfg("trainer.resume=auto", "trainer.steps=1"))
     check_run_dir(cfg("trainer.overwrite=true"))
     start_run_dir(cfg("trainer.overwrite=true"))
     assert checkpoint.latest(tmp_path) is None

@@ -44,7 +44,7 @@ bench: setup
 	$(PY) scripts/bench/bf16.py
 	$(PY) scripts/bench/e2e.py
 
-# Every bench once with --quick (tiny model, a few iterations; ~4 minutes on 2 cores): each one's JSON line.
+# Every bench once with --quick (tiny model, a few iterations; ~10 minutes on 2 cores): each one's JSON line.
 bench-quick: setup
 	@log=$$(mktemp); for b in scripts/bench/*.py; do echo "== $$b --quick"; \
 	  $(PY) $$b --quick > $$log 2>&1 || { tail -40 $$log; rm -f $$log; exit 1; }; tail -1 $$log; done; rm -f $$log

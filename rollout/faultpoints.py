@@ -18,7 +18,9 @@ The draws are seeded, so a schedule replays. The points (grep `fires(`):
 - `buffer_put_twice` (rollout/orchestration/worker.py): a trace is put twice, as a retried RPC
   would: the buffer's put must be idempotent;
 - `harness_hang` (rollout/orchestration/worker.py): an episode stalls for `arg` seconds inside its
-  deadline before the harness runs, as a harness waiting on a slow tool would.
+  deadline before the harness runs, as a harness waiting on a slow tool would;
+- `driver_dies_after_save` (trainer/run_dir.py): the driver fails (FaultPointFired) right after a
+  checkpoint is complete, where a kill once lost the step's metrics row.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ import threading
 from collections import Counter
 
 ENV, SEED_ENV = "TRACERL_FAULTS", "TRACERL_FAULTS_SEED"
+
+
+class FaultPointFired(RuntimeError):
+    """Raised by a fault point that stands for a process dying there."""
+
 
 _lock = threading.Lock()
 _armed: dict[str, tuple[float, int | None]] = {}  # name -> (probability, firings left; None: unbounded)

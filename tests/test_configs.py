@@ -192,6 +192,10 @@ def test_a_thread_core_with_tensor_parallel_ranks_is_refused_and_auto_picks_the_
         ("eval.timeout_s=0", "eval.timeout_s must be > 0"),
         ("eval.max_tokens=100000", r"eval.max_tokens=100000 must be in \[1, model.max_model_len"),
         ("learner.call_timeout_s=0", "learner.call_timeout_s and learner.dist_timeout_s must be > 0"),
+        ("trainer.max_learner_restarts=-1", "trainer.max_learner_restarts must be >= 0"),
+        ("rollout.buffer_timeout_s=0", "rollout.buffer_timeout_s must be > 0"),
+        ("rollout.health_check_s=-1", r"rollout.health_check_s must be >= 0 \(0: no worker watchdog\)"),
+        ("rollout.health_timeout_s=0", "rollout.health_timeout_s must be > 0"),
     ],
 )
 def test_bad_fault_settings_fail_validation(override, msg):
@@ -199,6 +203,35 @@ def test_bad_fault_settings_fail_validation(override, msg):
         validate_train(compose("train", [override]))
     with pytest.raises(ValueError, match="trainer.resume and trainer.overwrite=true contradict"):
         validate_train(compose("train", ["trainer.resume=auto", "trainer.overwrite=true"]))
+
+
+def test_deterministic_mode_names_every_setting_it_needs():
+    """trainer.deterministic=true asks for what makes two runs do the same arithmetic, by key, on
+    every policy's engine and learner; with them it validates; GPUs are refused."""
+    needed = ["engine.max_num_seqs=1", "engine.prefix_caching=false", "learner.torch_threads=1"]
+    fix = r"trainer.deterministic=true needs engine.max_num_seqs=1 engine.prefix_caching=false"
+    with pytest.raises(ValueError, match=fix + r".*policy 'main' has engine.max_num_seqs=64"):
+        validate_train(compose("train", ["trainer.deterministic=true"]))
+    with pytest.raises(ValueError, match=r"policy 'main' has engine.prefix_caching=true"):
+        validate_train(compose("train", ["trainer.deterministic=true", "engine.max_num_seqs=1"]))
+    with pytest.raises(ValueError, match=r"policy 'main' has learner.torch_threads=0"):
+        validate_train(compose("train", ["trainer.deterministic=true", *needed[:2]]))
+    with pytest.raises(ValueError, match=r"trainer.max_staleness=1"):
+        validate_train(compose("train", ["trainer.deterministic=true", *needed, "trainer.max_staleness=1"]))
+    with pytest.raises(ValueError, match=r"policy 'frozen' has engine.max_num_seqs=4"):
+        validate_train(
+            compose(
+                "train",
+                [
+                    "trainer.deterministic=true",
+                    *needed,
+                    "agents.verifier=frozen",
+                    "harness=solver_verifier",
+                    "+policies.frozen.engine.max_num_seqs=4",
+                ],
+            )
+        )
+    validate_train(compose("train", ["trainer.deterministic=true", *needed]))
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
+from rollout.faultpoints import FaultPointFired, fires
 from trainer import checkpoint
 from trainer.config import LoopConfig, TrainJobConfig
 from trainer.ledger import Ledger
@@ -114,6 +115,8 @@ def save(
     versions = {p: policy.version for p, policy in policies.items()}
     checkpoint.finish(run_dir, step, versions, {"ledger": ledger.state()})
     checkpoint.prune(run_dir, loop.keep_last, step)
+    if fires("driver_dies_after_save"):  # rollout/faultpoints.py
+        raise FaultPointFired(f"driver_dies_after_save: after the checkpoint of step {step}")
     return held
 
 

@@ -127,18 +127,11 @@ class RolloutFleet:
         """
         self._takes += 1
         get = self.buffer.get.remote(num_groups, timeout_s=timeout_s, call=self._takes)
-        deadline = time.monotonic() + timeout_s
-        ready = False
-        while self._inflight:
-            if armed("worker_call_unavailable"):  # a call still running is taken for failed (rollout/faultpoints.py)
-                running = ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=0)[1]
-                for ref in [r for r in running if fires("worker_call_unavailable")]:
-                    self._rerun(ref, ray.exceptions.ActorUnavailableError("fault point worker_call_unavailable", None))
-            done, _ = ray.wait([get, *self._inflight], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not done or get in done:
-                ready = bool(done)
-                break
-            self._collect(done[0])
+        try:
+            ready = self._wait(get, timeout_s)
+        except BaseException:  # the take fails: its get must not linger and swallow later groups
+            self.buffer.interrupt.remote(self._takes)
+            raise
         if not ready:  # timed out, or every submitted episode is in the buffer: end its wait
             answer(self.buffer.interrupt.remote(self._takes), 60, "the trace buffer (interrupt)")
         groups = answer(get, 60, "the trace buffer (get)")
@@ -147,6 +140,21 @@ class RolloutFleet:
                 raise RuntimeError(self._short("every submitted episode finished", groups, num_groups))
             raise TimeoutError(self._short(f"waited rollout_timeout_s={timeout_s}", groups, num_groups))
         return groups
+
+    def _wait(self, get: ray.ObjectRef, timeout_s: float) -> bool:
+        """Collect finished worker calls until the buffer's `get` is ready (True), or every call has
+        finished or `timeout_s` passed (False); a call whose worker died is rerun meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        while self._inflight:
+            if armed("worker_call_unavailable"):  # a call still running is taken for failed (rollout/faultpoints.py)
+                running = ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=0)[1]
+                for ref in [r for r in running if fires("worker_call_unavailable")]:
+                    self._rerun(ref, ray.exceptions.ActorUnavailableError("fault point worker_call_unavailable", None))
+            done, _ = ray.wait([get, *self._inflight], num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done or get in done:
+                return bool(done)
+            self._collect(done[0])
+        return False
 
     def _collect(self, ref: ray.ObjectRef) -> None:
         """A finished RolloutWorker.run call. If it failed with its worker (dead: Ray restarts it,

@@ -1,7 +1,7 @@
 """Watchdog: a thread of the driver that probes every engine and every rollout worker, all at once.
 
-Each `period_s` it starts a probe of every engine and worker that is not still being probed, on a
-pool of threads, so that one slow verdict (a probe waits up to engine.health_timeout_s, and a
+Each `period_s` it starts a probe of every engine and worker that is not still being probed, each
+on a thread of its own, so that one slow verdict (a probe waits up to engine.health_timeout_s, and a
 restart it ordered up to engine.start_timeout_s) never holds up the others: a sweep costs the
 time of one probe, whatever the number of engines.
 
@@ -18,7 +18,6 @@ The thread survives its own errors: a probe that raises is logged and counted (`
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
@@ -57,9 +56,6 @@ class Watchdog:
         self._busy: set[tuple[str, str, int]] = set()  # what is being probed now
         self._last: dict[tuple[str, str, int], float] = {}  # when each one's last probe began
         self._lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(256, max(1, len(engines) + len(workers))), thread_name_prefix="watchdog-probe"
-        )
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         if self.period_s > 0:
             self._thread.start()
@@ -73,7 +69,6 @@ class Watchdog:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -112,11 +107,8 @@ class Watchdog:
                 with self._lock:
                     self._busy.discard(key)
 
-        try:
-            self._pool.submit(run)
-        except RuntimeError:  # shut down meanwhile
-            with self._lock:
-                self._busy.discard(key)
+        # a daemon thread per probe: one waiting out a restart never holds up the process's exit
+        threading.Thread(target=run, name=f"watchdog-probe-{key[0]}-{key[2]}", daemon=True).start()
 
     def _failed(self, what: str, error: Exception) -> None:
         self.errors += 1

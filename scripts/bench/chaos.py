@@ -77,6 +77,7 @@ RUN = [
     "trainer.groups_per_step=4",
     "trainer.save_every=2",
     "trainer.rollouts_every=1",
+    "learner.lr=3e-4",  # a tenth of smoke's: the reward is not saturated within the run, every step trains
     "rollout.retries=2",
     # deadlines tightened (review reliability_faults.md §2.5): a hang surfaces in seconds
     "engine.health_check_s=2",

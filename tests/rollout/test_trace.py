@@ -179,3 +179,20 @@ def test_read_jsonl_names_bad_line(tmp_path):
     )
     with pytest.raises(TraceError, match=r"t.jsonl:2: Object contains unknown field `bogus`"):
         list(read_jsonl(path))
+
+
+def test_a_trace_file_is_replaced_whole_or_not_at_all(tmp_path):
+    """write_jsonl writes beside the file and renames over it: a writer that dies mid-file (here its
+    traces raise half-way) leaves the file as it was, never torn, and nothing beside it."""
+    path = tmp_path / "rollouts" / "step_1.jsonl"
+    old = [Trace(id=f"t#{k}", group="t", sequences=[]) for k in range(3)]
+    assert write_jsonl(old, path) == 3
+
+    def dying():
+        yield Trace(id="new#0", group="new", sequences=[])
+        raise KeyboardInterrupt("the driver was killed mid-write")
+
+    with pytest.raises(KeyboardInterrupt):
+        write_jsonl(dying(), path)
+    assert [t.id for t in read_jsonl(path)] == ["t#0", "t#1", "t#2"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["step_1.jsonl"]

@@ -121,6 +121,39 @@ def test_async_training_learns_within_staleness_bound_and_resumes_exactly(ray_cl
 
 
 @pytest.mark.e2e
+def test_a_driver_that_dies_right_after_a_checkpoint_loses_no_row_and_its_resume_repeats_none(ray_cluster, tmp_path):
+    """The driver dies just after step 2's checkpoint is complete (the fault point
+    driver_dies_after_save), before its eval. The step's metrics row and rollouts were written
+    before the checkpoint, so the resumed run has every step's row once, every step's rollouts and
+    one eval row per eval step (before: step 2's row was written after the checkpoint, so it was
+    lost for good, and the resumed run started at step 3)."""
+    from rollout import faultpoints
+
+    run = ["trainer.steps=4", "trainer.save_every=2", "trainer.eval_every=2", "eval.size=4", "trainer.rollouts_every=1"]
+    faultpoints.arm("driver_dies_after_save", times=1)
+    try:
+        with pytest.raises(faultpoints.FaultPointFired, match="after the checkpoint of step 2"):
+            train(smoke_cfg(tmp_path, *run))
+    finally:
+        faultpoints.disarm()
+    summary = train(smoke_cfg(tmp_path, *run, "trainer.resume=auto"))
+    rows = metrics(tmp_path)
+    assert [m["step"] for m in rows if "rollout/reward" in m] == [1, 2, 3, 4]
+    assert [m["step"] for m in rows if "eval/reward" in m] == [0, 2, 4]
+    assert all(len(list(read_jsonl(tmp_path / "rollouts" / f"step_{k}.jsonl"))) == 64 for k in range(1, 5))
+    assert summary["start_step"] == 2
+    assert summary["ledger"] == {
+        "submitted": 32,
+        "trained": 32,
+        "stale": 0,
+        "failed": 0,
+        "duplicated": 0,
+        "open": 0,
+        "balanced": True,
+    }
+
+
+@pytest.mark.e2e
 @pytest.mark.needs_memory_gb(4)  # two engines (the player, the frozen one) and a learner rank
 def test_selfplay_against_a_frozen_player_trains_on_per_agent_rewards(ray_cluster, tmp_path):
     """A multi-agent run through the real loop: selfplay with player_b frozen (its own engine),

@@ -557,15 +557,17 @@ def test_a_restarted_engine_answers_info_while_it_catches_up(ray_cluster, tiny_p
     """A restarted engine first loads its store's newest weights (a big model: minutes). Its info()
     answers meanwhile, saying so (catching_up, loading_s), so the watchdog sees "loading", not
     "hung", and does not kill it in a loop. Here the WeightStore is SIGSTOPped before the engine is
-    killed, so the restarted engine's catch-up waits on it; SIGCONT lets it finish. (Before: info()
-    awaited the catch-up, so the restart never answered and the probe said hung.)"""
+    killed, so the restarted engine's catch-up waits on it: past engine.sync_timeout_s a request
+    fails naming the store (before: no deadline), and once SIGCONT lets it answer, the next request
+    catches up and is served. (Before: info() awaited the catch-up, so the restart never answered
+    and the probe said hung.)"""
     import psutil
 
     from rollout.config import EngineConfig
     from rollout.orchestration.fleet import probe_engine
     from rollout.orchestration.router import wait_until_restarted
 
-    cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, max_restarts=1)
+    cfg = EngineConfig(num_cpus=0.5, kv_cache_gb=0.25, max_restarts=1, sync_timeout_s=15)
     stores = spawn_stores(["main"])
     [e] = spawn_engines({"main": (tiny_path, ModelConfig(name="tiny"), cfg)}, stores={"main": stores})["main"]
     store = psutil.Process(ray.get(stores["main"].__ray_call__.remote(lambda self: os.getpid()), timeout=60))
@@ -580,6 +582,11 @@ def test_a_restarted_engine_answers_info_while_it_catches_up(ray_cluster, tiny_p
         info = ray.get(e.info.remote(), timeout=10)
         assert info["pid"] != old.pid and info["catching_up"] and info["loading_s"] is not None, info
         assert probe_engine(e, timeout_s=2.0, load_timeout_s=600.0) == "loading"
+        with pytest.raises(
+            ray.exceptions.RayTaskError,
+            match=r"the WeightStore of policy 'main' did not hand its weights over within engine.sync_timeout_s=15",
+        ):
+            ray.get(e.generate.remote([5, 6, 7], SamplingConfig(max_tokens=4)), timeout=60)
         store.resume()
         deadline = time.monotonic() + 120
         while ray.get(e.info.remote(), timeout=10)["catching_up"] and time.monotonic() < deadline:

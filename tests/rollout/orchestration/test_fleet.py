@@ -32,6 +32,7 @@ FLAKY = [
     "rollout.timeout_s=5",
     "rollout.health_check_s=1",  # the worker watchdog: a blocked event loop is found in seconds
     "rollout.health_timeout_s=3",
+    "rollout.buffer_timeout_s=3",
 ]
 
 
@@ -195,6 +196,32 @@ def test_evaluation_survives_a_worker_that_dies(fleet):
     run.join(timeout=320)
     assert [t.info["task"] for t in out["traces"]] == [f"chain_sum/eval/{i}" for i in range(4)]
     assert fleet.worker_restarts == restarts + 1
+
+
+def test_a_stopped_trace_buffer_fails_the_take_naming_it_and_the_fleet_goes_on(fleet):
+    """The trace buffer SIGSTOPped (alive, answering nothing): a worker's put has a deadline
+    (rollout.buffer_timeout_s), so the take fails within seconds naming the buffer, instead of
+    waiting out rollout_timeout_s (before: no deadline, a silent wait). Answering again, the buffer
+    serves the next take."""
+    import psutil
+
+    buffer = psutil.Process(ray.get(fleet.buffer.stats.remote(), timeout=60)["pid"])
+    buffer.suspend()
+    t0 = time.monotonic()
+    try:
+        fleet.submit([6])
+        with pytest.raises(
+            RuntimeError, match=r"the trace buffer did not answer a put within rollout.buffer_timeout_s=3"
+        ):
+            fleet.take(1, timeout_s=120)
+    finally:
+        buffer.resume()
+    assert time.monotonic() - t0 < 60
+    time.sleep(1.0)  # the stopped worker call's queued puts land (group 6 may complete): drop it
+    ray.get(fleet.buffer.get.remote(8, timeout_s=1.0), timeout=60)
+    fleet.submit([7])
+    [group] = fleet.take(1, timeout_s=120)
+    assert group[0].info["slot"] == 7
 
 
 def test_a_hung_rollout_times_out_and_a_dead_worker_surfaces(fleet):

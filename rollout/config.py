@@ -90,7 +90,8 @@ class EngineConfig:
     # one model call longer than this is cancelled and its episode run again (< rollout.timeout_s)
     request_timeout_s: float = 240.0
     sync_timeout_s: float = 600.0  # loading new weights into the engines longer than this stops the run
-    max_restarts: int = 3  # times Ray restarts a dead (or hung: see health_*) engine; past it the run stops
+    # times Ray restarts a dead (or hung: see health_*) engine over its life; past it the run stops (resume continues)
+    max_restarts: int = 3
     health_check_s: float = 30.0  # seconds between health probes of each engine (0: no probes)
     health_timeout_s: float = 120.0  # an engine that does not answer a probe within this is killed and restarted
     sync_pause_mode: SyncPauseMode = SyncPauseMode.wait  # what in-flight requests do during a weight load

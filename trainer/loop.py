@@ -242,13 +242,28 @@ def submit_steps(fleet: RolloutFleet, ledger: Ledger, first: int, end: int, loop
 def step_traces(
     fleet: RolloutFleet, ledger: Ledger, held: list[list[Trace]], loop: LoopConfig
 ) -> tuple[list[Trace], list]:
-    """One step's traces (the first held groups, else the fleet's next complete ones, as the
-    ledger admits them: never a group twice) and the groups still held. In the order of their
-    ids, not of arrival (which varies from run to run): the same groups pack into the same rows
-    and micro-batches, so a resumed step repeats the uninterrupted run's arithmetic."""
+    """One step's traces (the first held groups, those an engine failure cut short run again; else
+    the fleet's next complete ones; as the ledger admits them: never a group twice) and the groups
+    still held. In the order of their ids, not of arrival (which varies from run to run): the same
+    groups pack into the same rows and micro-batches, so a resumed step repeats the uninterrupted
+    run's arithmetic."""
     groups, held = held[: loop.groups_per_step], held[loop.groups_per_step :]
-    groups = ledger.admit(groups or fleet.take(loop.groups_per_step, loop.rollout_timeout_s))
+    if not groups:
+        groups = fleet.take(loop.groups_per_step, loop.rollout_timeout_s)
+    elif again := [g for g in groups if engine_failed(g)]:
+        # held groups an engine failure cut short (kept with a checkpoint, they would fail the resumed
+        # run the same way on every resume): run again, now that the engines are back
+        log.warning(f"[train] {len(again)} held rollout groups failed for an engine: running them again")
+        fleet.submit([g[0].info["slot"] for g in again])
+        groups = [g for g in groups if not engine_failed(g)] + fleet.take(len(again), loop.rollout_timeout_s)
+    groups = ledger.admit(groups)
     return sorted((tr for group in groups for tr in group), key=lambda tr: (tr.group, tr.id)), held
+
+
+def engine_failed(group: list[Trace]) -> bool:
+    """Whether a trace of `group` failed because an engine did (not the harness), and the group
+    can be run again (it knows its slot)."""
+    return any(t.info.get("engine_failed") for t in group) and "slot" in group[0].info
 
 
 def stale_ids(traces: list[Trace], policies: dict[str, TrainedPolicy]) -> set[str]:

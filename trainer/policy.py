@@ -146,14 +146,15 @@ class TrainedPolicy:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Kill the learner ranks this bundle owns (a shared adapter group: its group's, once)."""
         if self.owns_learners:
             self.learners.shutdown()
-        elif hasattr(self.learners, "group"):
-            self.learners.group.shutdown()
+
+    def close(self) -> None:
+        """Kill this policy's learner ranks, whoever started them (a shared adapter group: the group's
+        ranks): the loop rebuilds every policy's after one rank died, and a rank left alive would
+        keep its CPUs, memory and GPU from the new ones."""
+        group = getattr(self.learners, "group", self.learners)
+        group.shutdown()
 
     def staleness(self, trace: Trace) -> int:
         """How many versions behind this policy's oldest trainable sequence in the trace is (0 if none)."""

@@ -78,7 +78,8 @@ class RolloutWorker:
         not answer within engine.request_timeout_s; a request that met a dead engine is first sent
         again to the restarted one, counted in info["requests_resent"] over all attempts) is run
         again from the start, up to `rollout.retries` times, with the same trace id (so the same
-        sampling seeds); the trace records its attempts in info["attempts"]."""
+        sampling seeds); the trace records its attempts in info["attempts"], and, when the last one
+        failed so, info["engine_failed"]."""
         resent = 0
         for attempt in range(1, self.cfg.retries + 2):
             trace, engine_failed = await self.attempt(task, group, sample, sampling)
@@ -90,6 +91,8 @@ class RolloutWorker:
             trace.info["attempts"] = attempt
         if resent:
             trace.info["requests_resent"] = resent
+        if engine_failed:  # the infrastructure's failure, not the harness's: a kept group with it runs again
+            trace.info["engine_failed"] = True
         self.counts[f"traces_{trace.status}"] += 1
         self.generated_tokens += trace.num_generated_tokens
         return trace

@@ -28,7 +28,9 @@ history (rollouts/step_*.jsonl, metrics.jsonl, summary.json):
 - `lost`: groups of a step (its slots, trainer/loop.py::step_tasks) that no step trained;
 - `duplicated`: a slot trained twice, a trace id twice in a step, or the ledger's duplicates;
 - `run_finished`: summary.json written with every step's row; `ledger_balanced`: the ledger's
-  trained + stale + failed = submitted, none open (trainer/ledger.py);
+  trained + stale + failed = submitted, none open (trainer/ledger.py); `unexpected_stops`: driver
+  processes that ended other than by a fault meant to end them (the supervisor's resume would
+  hide a bug);
 - sync: `digest_equal`, `first_divergent_step`; async: `lags` (each trace's versions behind its
   step; over trainer.max_staleness it was left out, and the ledger counts its group stale).
 
@@ -79,6 +81,9 @@ RUN = [
     "trainer.rollouts_every=1",
     "learner.lr=3e-4",  # a tenth of smoke's: the reward is not saturated within the run, every step trains
     "rollout.retries=2",
+    # engine.max_restarts is a lifetime budget per engine (Ray's): the soak strikes one engine more often
+    # than 3 times, and tests healing, not the budget (an engine out of restarts stops the run; resumed)
+    "engine.max_restarts=100",
     # deadlines tightened (review reliability_faults.md §2.5): a hang surfaces in seconds
     "engine.health_check_s=2",
     "engine.health_timeout_s=10",
@@ -103,6 +108,7 @@ MODES = {
     "async": ["trainer.max_staleness=1"],
 }
 QUICK_KINDS = ["engine_actor", "engine_stop", "worker_kill", "learner_kill", "driver_kill"]
+STOPS_THE_RUN = ("driver_kill", "save_kill", "buffer_kill")  # the faults the supervisor's resume heals
 HANG_S = 5.0  # a harness stall (well inside rollout.timeout_s: transparent)
 SLOW_S = 8.0  # a slow engine: stopped 60% of each 100 ms for this long
 LEARNER_SETUP_S = 900.0  # trainer/learner_group.py: LearnerGroup's setup_timeout_s
@@ -445,6 +451,8 @@ def mode_soak(mode: str, args, root: Path) -> dict:
             for k in sorted({f["kind"] for f in heals})
         },
         "max_heal_s": max((f["heal_s"] for f in heals), default=0.0),
+        # driver processes that ended other than by a fault meant to end them (a bug the resume would hide)
+        "unexpected_stops": r["starts"] - 1 - sum(f["kind"] in STOPS_THE_RUN for f in heals),
         "heal_over_bound": sum((not f["healed"]) or f["heal_s"] > bound[f["kind"]] for f in heals),
         **found,
     }
@@ -474,7 +482,10 @@ def main() -> None:
     os.environ[JOIN_ENV] = ray.get_runtime_context().gcs_address  # the driver joins this cluster
     root, t0 = Path(tempfile.mkdtemp(prefix="bench-chaos-")), time.time()
     try:
-        modes = {m: mode_soak(m, args, root) for m in args.modes.split(",")}
+        modes = {}
+        for m in args.modes.split(","):
+            modes[m] = mode_soak(m, args, root)
+            print(json.dumps({"mode_done": modes[m]}), flush=True)  # progress: each mode's checkers
     finally:
         ray.shutdown()
         if not args.keep:
@@ -497,6 +508,7 @@ def main() -> None:
                 "duplicated": sum(r["duplicated"] for r in runs),
                 "max_heal_s": max((r["max_heal_s"] for r in runs), default=0.0),
                 "heal_over_bound": sum(r["heal_over_bound"] for r in runs),
+                "unexpected_stops": sum(r["unexpected_stops"] for r in runs),
                 "run_finished": all(r["run_finished"] for r in runs),
                 "digest_equal": all(r["digest_equal"] for r in runs if "digest_equal" in r)
                 if "sync" in modes

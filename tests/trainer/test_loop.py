@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from rollout.testing.faults import wait_for_step
@@ -151,6 +152,43 @@ def test_a_driver_that_dies_right_after_a_checkpoint_loses_no_row_and_its_resume
         "open": 0,
         "balanced": True,
     }
+
+
+@pytest.mark.e2e
+def test_held_groups_an_engine_failure_cut_short_run_again_after_a_resume(ray_cluster, tmp_path):
+    """A checkpoint keeps the next step's rollout groups (drained at the save). If an engine failure
+    had failed them (an engine out of restarts: the run then stopped), every resume trained those
+    same failed traces and stopped again: a crash loop the chaos soak found. Now the resumed run
+    runs such groups again on its fresh engines: step 3 trains all its groups, none failed."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run = ["trainer.steps=3", "trainer.save_every=2", "eval.size=0", "trainer.rollouts_every=1"]
+    train(smoke_cfg(straight, *run))
+    shutil.copytree(checkpoint.step_dir(straight, 2), checkpoint.step_dir(resumed, 2))
+    held = checkpoint.load_rollouts(checkpoint.step_dir(resumed, 2))
+    assert len(held) == 8, "step 3's groups, drained at the save"
+    failed = [
+        [
+            Trace(
+                t.id,
+                t.group,
+                [],
+                status="failed",
+                error="EngineError: engine 0 of policy 'main' died during a request",
+                info={**t.info, "engine_failed": True},
+            )
+            for t in g
+        ]
+        for g in held
+    ]
+    lines = b"".join(msgspec.json.encode(group) + b"\n" for group in failed)
+    (checkpoint.step_dir(resumed, 2) / "rollouts.jsonl").write_bytes(lines)
+    summary = train(smoke_cfg(resumed, *run, "trainer.resume=auto"))
+    [row] = [m for m in metrics(resumed) if "rollout/reward" in m]
+    assert row["step"] == 3 and row["rollout/failed"] == 0 and row["rollout/traces"] == 64, row
+    again = sorted((t.id, t.sequences[0].completion_ids) for t in read_jsonl(resumed / "rollouts" / "step_3.jsonl"))
+    first = sorted((t.id, t.sequences[0].completion_ids) for t in read_jsonl(straight / "rollouts" / "step_3.jsonl"))
+    assert [i for i, _ in again] == [i for i, _ in first], "the same groups, run again with the same seeds"
+    assert summary["ledger"]["balanced"] and summary["ledger"]["trained"] == 24
 
 
 @pytest.mark.e2e

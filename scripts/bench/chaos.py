@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -377,10 +378,10 @@ def check(run_dir: Path, steps: int, groups_per_step: int, reference: dict | Non
         "worker_restarts": summary.get("worker_restarts"),
         "digest": summary.get("policies", {}).get("main", {}).get("digest"),
     }
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if "rollout/reward" in x]
-    out["learner_rebuild_s"] = sorted(
-        {r["faults/learner_rebuild_s"] for r in rows if r.get("faults/learner_rebuild_s")}
-    )
+    # every driver process's "learners rebuilt ... in X s" (the metrics rows of a process a later resume
+    # went back past are gone; its log is not)
+    log_text = (run_dir.parent / f"{run_dir.name}.log").read_text(errors="replace")
+    out["learner_rebuild_s"] = [float(x) for x in re.findall(r"learners rebuilt \(.*?\) in ([\d.]+) s", log_text)]
     if reference is None:
         # how many versions behind its step's weights each trace's oldest trained sequence was; past
         # max_staleness a trace is in the history but left out of training (the ledger's stale)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import ray
 
 from rollout.engine.weight_group import OPEN_TIMEOUT_S, GroupPlan, Layout, dtype_of
+from rollout.orchestration.router import answer
 from trainer.weight_transport import choose_transports
 
 if TYPE_CHECKING:  # a sync drives one policy's learners: its LearnerGroup, or an adapter's view of one
@@ -61,7 +62,11 @@ class ObjectStoreSync:
             )
         t_export = time.perf_counter() - t0
         if self.store is not None:  # first, so an engine that restarts from now on loads this version
-            ray.get(self.store.publish.remote(version, [buckets]), timeout=60)
+            answer(
+                self.store.publish.remote(version, [buckets]),
+                60,
+                f"the WeightStore of {self.learners.name!r} (publish)",
+            )
         loads = [e.update_weights.remote(version, buckets, self.learners.name) for e in self.engines]
         ready, late = ray.wait(loads, num_returns=len(loads), timeout=self.timeout_s)
         if late:
@@ -200,7 +205,11 @@ class CollectiveSync:
             # what an engine that restarts from now on loads (rank 0 exports it next, while the engines
             # already serve this version): a full copy of the weights, so not necessarily every push
             self.snapshot = self.learners.export_weights(self.bucket_bytes)
-            ray.get(self.store.publish.remote(version, [self.snapshot]), timeout=60)
+            answer(
+                self.store.publish.remote(version, [self.snapshot]),
+                60,
+                f"the WeightStore of {self.learners.name!r} (publish)",
+            )
         return {
             "seconds": seconds,
             "open_seconds": t_open,

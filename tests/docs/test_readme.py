@@ -76,7 +76,9 @@ def check_readme_run(run: Path) -> None:
     assert summary["steps"] == 3 and summary["trainable_policies"] == ["main"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/main/loss" in r] == [1, 2, 3]
-    assert all(r["rollout/failed"] == 0 and r["rollout/sequences_per_trace"] == 4 for r in rows if r["step"])
+    steps = [r for r in rows if "rollout/traces" in r]  # an evaluation has a row of its own
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["rollout/failed"] == 0 and r["rollout/sequences_per_trace"] == 4 for r in steps)
     from rollout.trace import read_jsonl
 
     trace = next(read_jsonl(run / "eval" / "step_3.jsonl"))

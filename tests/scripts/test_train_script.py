@@ -33,7 +33,9 @@ def test_smoke_experiment_learns_in_sync_mode(smoke_run):
     assert sum(t.reward for t in after) / 32 == pytest.approx(summary["final_eval_reward"])
     assert "[train] step   20/20" in proc.stderr  # a log line (rollout/log.py)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    last = json.loads(lines[-1])
+    rows = list(map(json.loads, lines))
+    last = [r for r in rows if "rollout/traces" in r][-1]  # step 20's training row; its evaluation has its own
+    assert last["step"] == 20 and rows[-1]["step"] == 20 and rows[-1]["eval/reward"] == summary["final_eval_reward"]
     for key in (
         "rollout/reward",
         "train/main/loss",

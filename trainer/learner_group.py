@@ -21,8 +21,9 @@ from rollout.engine.weight_group import Layout
 from rollout.orchestration.cluster import await_started
 from rollout.placement import actor_options
 from trainer.config import LearnerConfig, LossConfig
-from trainer.learner import ALLOC_CONF_VARS, Learner, learner_env
+from trainer.learner import Learner
 from trainer.packing import MicroBatch, shard
+from trainer.rank_env import ALLOC_CONF_VARS, learner_env
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class LearnerGroup:
             self.ready()
 
     def _runtime_env(self) -> dict:
-        """The ranks' environment beyond the driver's (trainer/learner.py::learner_env; none on CPU)."""
+        """The ranks' environment beyond the driver's (trainer/rank_env.py::learner_env; none on CPU)."""
         env = learner_env(self.cfg, os.environ)
         for var in ALLOC_CONF_VARS:
             if var in env:

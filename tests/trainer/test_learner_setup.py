@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from trainer.learner import skip_shm_comm_build
+from trainer.rank_env import skip_shm_comm_build
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +25,7 @@ def test_learner_ranks_on_a_gpu_start_without_nvls_and_on_a_shared_gpu_without_i
     masks); on cluster=gpu, whose engines open rank 0's staging buffers by CUDA IPC handle, the
     allocator options that break IPC are left out and every other option kept; CPU: nothing."""
     from trainer.config import compose
-    from trainer.learner import learner_env
+    from trainer.rank_env import learner_env
 
     shared = compose("train", ["experiment=smoke", "cluster=gpu"]).learner
     whole = compose("train", ["experiment=smoke", "cluster=gpu_node"]).learner
@@ -45,7 +45,7 @@ def test_learner_ranks_on_a_gpu_start_without_nvls_and_on_a_shared_gpu_without_i
 
 
 def test_an_allocator_setting_keeps_every_option_but_those_that_break_cuda_ipc():
-    from trainer.learner import ipc_safe_alloc_conf
+    from trainer.rank_env import ipc_safe_alloc_conf
 
     assert ipc_safe_alloc_conf("") == ("", [])
     assert ipc_safe_alloc_conf("expandable_segments:False, garbage_collection_threshold:0.6") == (
@@ -63,7 +63,7 @@ def test_a_rank_on_a_share_of_a_gpu_is_held_to_that_share_of_its_memory():
     (torch.cuda.set_per_process_memory_fraction in Learner.setup), so a model too big for it fails the
     learner, not the engines beside it; a whole GPU or a CPU rank has no cap."""
     from trainer.config import compose
-    from trainer.learner import gpu_memory_share
+    from trainer.rank_env import gpu_memory_share
 
     assert gpu_memory_share(compose("train", ["experiment=smoke", "cluster=gpu"]).learner) == 0.4
     assert gpu_memory_share(compose("train", ["experiment=smoke", "cluster=gpu_node"]).learner) is None
@@ -95,7 +95,7 @@ def test_a_rendezvous_port_is_free_and_outside_the_ports_port_0_hands_out():
     TCPStore listens: the rendezvous draws below the ephemeral range, and skips a port in use."""
     import socket
 
-    from trainer.learner import RENDEZVOUS_PORTS, ephemeral_ports, free_port
+    from trainer.rank_env import RENDEZVOUS_PORTS, ephemeral_ports, free_port
 
     lo, _ = ephemeral_ports()
     ports = {free_port() for _ in range(20)}

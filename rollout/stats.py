@@ -54,7 +54,7 @@ def trace_metrics(traces: list[Trace], prefix: str) -> dict[str, float]:
         f"{prefix}/generated_tokens": float(sum(t.num_generated_tokens for t in traces)),
     }
     m.update({f"{prefix}/reward/{role}": r for role, r in agent_means(traces).items()})
-    for key in ("gateway_extended", "gateway_fresh"):  # agents behind the OpenAI gateway (rollout/agents/gateway.py)
+    for key in ("gateway_extended", "gateway_fresh"):  # agents behind the OpenAI gateway (rollout/gateway/server.py)
         if any(key in t.info for t in traces):
             m[f"{prefix}/{key}"] = float(sum(t.info.get(key, 0) for t in traces))
     m.update({f"{prefix}/info/{k}": v for k, v in info_metric_means(traces).items()})

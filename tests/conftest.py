@@ -340,7 +340,7 @@ def hf_tiny(tiny_path):
 def fixed_batch(hf_tiny, tiny_tokenizer):
     """Packed micro-batches of 6 single-turn traces with engine-like behaviour log-probs from the
     model, advantages +1 / -1; uneven over 2 ranks (one gets a padding micro-batch)."""
-    from rollout.agents.client import ChatFormat
+    from rollout.agents.chat_format import ChatFormat
     from rollout.trace import Sequence, Trace
     from trainer.packing import build_rows, pack, token_weights
 
@@ -367,7 +367,8 @@ def run_harness(engine, tiny_tokenizer):
     untrainable). Returns (task, sequences, HarnessResult)."""
     from harnesses.base import as_result, load_harness
     from harnesses.tasks.reasoning_gym import ReasoningGymTasks
-    from rollout.agents.client import Agent, ChatFormat, TraceRecorder
+    from rollout.agents.chat_format import ChatFormat
+    from rollout.agents.client import Agent, TraceRecorder
     from rollout.config import SamplingConfig
     from rollout.orchestration.router import Router
 

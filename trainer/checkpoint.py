@@ -22,7 +22,7 @@ cannot be loaded (a damaged trainer_state.json included); `prune` keeps the
 newest `keep_last` by step number, never the step just written.
 
 Trust: DeepSpeed's state files are pickles. Every one a resume reads goes through
-`load_torch` (torch's weights-only unpickler, which allows tensors, builtins and
+`load_torch` (trainer/torch_load.py: torch's weights-only unpickler, which allows tensors, builtins and
 the few plain data classes DeepSpeed's files hold), so a file that holds anything
 else is refused rather than run. The HF and adapter weights are safetensors.
 Still, resume only from checkpoints you wrote: a forged one can hold any weights.
@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import re
 import shutil
 from collections.abc import Callable
@@ -259,47 +258,3 @@ def restore_policy(learners: LearnerGroup, checkpoint: Path, policy: str) -> Non
         saved = sorted(p.name for p in checkpoint.iterdir() if p.is_dir())
         raise FileNotFoundError(f"trainer.resume: {checkpoint} holds policies {saved}, not {policy!r}")
     learners.load(str(checkpoint / policy / "deepspeed"))
-
-
-def deepspeed_data_classes() -> list[type]:
-    """The classes besides tensors and builtins in DeepSpeed's checkpoint files (the ZeRO-2/3
-    optimizer state, as found in real ones): plain data, whose unpickling runs none of
-    their code (a dataclass, an enum, a loss scaler's attributes)."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, ZeroStageEnum, fragment_address]
-
-
-def load_torch(path: str | Path, map_location: Any = "cpu") -> Any:
-    """torch.load of a checkpoint file with the weights-only unpickler (and
-    `deepspeed_data_classes`): a file holding any other object is refused with a ValueError
-    naming it, instead of unpickled (which could run any code)."""
-    import torch
-
-    try:
-        with torch.serialization.safe_globals(deepspeed_data_classes()):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        what = re.search(r"GLOBAL ([\w.]+)", str(e))
-        reason = f"it refers to {what.group(1)}" if what else str(e).strip().splitlines()[0][:300]
-        raise ValueError(
-            f"{path} holds a pickled object that is not tensors or DeepSpeed's checkpoint data: "
-            f"refused, since unpickling it could run code ({reason}); resume only from "
-            f"checkpoints this trainer wrote"
-        ) from None
-
-
-class WeightsOnlyLoads:
-    """A DeepSpeed engine's checkpoint engine, loading through `load_torch` (DeepSpeed's own
-    TorchCheckpointEngine unpickles with weights_only=False); everything else is the wrapped one's."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
-
-    def load(self, path: str, map_location: Any = None) -> Any:
-        return load_torch(path, map_location)

@@ -23,10 +23,18 @@ from rollout.config import (
     register_configs as register_rollout_configs,
 )
 from rollout.placement import Ask, learner_ask
-from trainer.packing import Normalization
 
 
 # ---- the learner ranks (trainer/learner.py) -----
+class Normalization(StrEnum):
+    """What each token's loss weight is normalised by (trainer/packing.py's `token_weights`)."""
+
+    token = "token"
+    sequence = "sequence"
+    trace = "trace"
+    constant = "constant"
+
+
 class Optimizer(StrEnum):
     adamw = "adamw"
     sgd = "sgd"

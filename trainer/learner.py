@@ -408,13 +408,13 @@ class Learner:
 
     def load(self, path: str, adapter: str | None = None) -> int:
         """Restore what `save` wrote; returns the step. Collective."""
-        from trainer.checkpoint import WeightsOnlyLoads
+        from trainer.torch_load import WeightsOnlyLoads
 
         slot = self.activate(adapter)
         if adapter is not None:
             self._check_adapter_state(path, slot)
         # DeepSpeed's own loads unpickle with weights_only=False: a file that holds more than
-        # tensors and its data classes is refused instead of run (trainer/checkpoint.py)
+        # tensors and its data classes is refused instead of run (trainer/torch_load.py)
         engine = slot.engine
         own, engine.checkpoint_engine = engine.checkpoint_engine, WeightsOnlyLoads(engine.checkpoint_engine)
         try:
@@ -435,7 +435,7 @@ class Learner:
         every tensor of this adapter, or the load would leave them as they are, silently."""
         import glob
 
-        from trainer.checkpoint import load_torch
+        from trainer.torch_load import load_torch
 
         [states] = glob.glob(os.path.join(path, "state", "mp_rank_00_model_states.pt")) or [None]
         if states is None:

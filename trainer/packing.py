@@ -26,20 +26,11 @@ tree row's branch, the head's last token. Position 0 is never trained.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import numpy as np
 
 from rollout.trace import Trace, prefix_chains
-
-
-class Normalization(StrEnum):
-    """What each token's loss weight is normalised by (see `token_weights`)."""
-
-    token = "token"
-    sequence = "sequence"
-    trace = "trace"
-    constant = "constant"
+from trainer.config import Normalization
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from rollout.agents.client import ChatFormat
+from rollout.agents.chat_format import ChatFormat
 from rollout.models import resolve_model
 from rollout.orchestration.fleet import RolloutFleet
 from rollout.trace import Trace

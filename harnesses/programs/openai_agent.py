@@ -1,6 +1,6 @@
 """openai_agent: train an agent written against the OpenAI chat API, unmodified.
 
-The agent talks to the rollout worker's gateway (rollout/agents/gateway.py), which
+The agent talks to the rollout worker's gateway (rollout/gateway/server.py), which
 records every call token-exact; the agents this harness gets hand it over
 (`agent.gateway()`: harnesses do not import rollout/). It runs one of two ways
 (`harness.options`):

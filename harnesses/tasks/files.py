@@ -26,7 +26,8 @@ from typing import Any
 
 from harnesses.base import TaskSource, normalize_question
 from harnesses.tasks.data_files import read_rows
-from harnesses.verifiers.registry import Verifier, make_verifier
+from harnesses.verifiers.base import Verifier
+from harnesses.verifiers.registry import make_verifier
 
 P = "task.params"
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from harnesses.base import note_scoring
 from harnesses.verifiers.answers import is_plain_number
-from harnesses.verifiers.registry import KEY, Verifier
+from harnesses.verifiers.base import KEY, Verifier
 from harnesses.verifiers.scoring import defer_score, scoring_agent
 
 TEMPLATE = (

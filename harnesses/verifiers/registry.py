@@ -39,54 +39,16 @@ import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, ClassVar
+from typing import Any
 
 import regex
 
 from harnesses.base import note_scoring
 from harnesses.verifiers.answers import extract_answer, is_plain_number
+from harnesses.verifiers.base import KEY, Verifier
 from harnesses.verifiers.expressions import Expression, ExpressionError, parse_expression
-
-KEY = "task.params.verifier"
-
-
-@dataclass
-class Verifier:
-    """Scores `text` (a model's whole output) against one item's gold answer and metadata. A
-    built-in one declares `max_chars`: longer answers are refused unread."""
-
-    name: ClassVar[str]
-    instruction: ClassVar[str] = "Give the final answer as <answer>ANSWER</answer>."  # the default task.instruction
-    numeric_fallback: ClassVar[bool] = False  # without a tag, read the last number in the text
-    needs_answer: ClassVar[bool] = True  # items must have a gold answer (task.params.answer_field)
-    max_chars: ClassVar[int]
-
-    def check(self) -> None:
-        """Raise ValueError naming the option whose value is bad."""
-        if self.max_chars < 1:
-            raise ValueError(f"{KEY}_options.max_chars={self.max_chars} must be >= 1")
-
-    def check_gold(self, gold: str) -> None:
-        """Raise ValueError saying why `gold` cannot be scored against (a data error, found at start)."""
-
-    def roles(self) -> list[str]:
-        """Agent roles its scoring asks (the LLM judge's); none for a function of the text."""
-        return []
-
-    def score(self, text: str, gold: str | None, metadata: dict[str, Any], question: str | None = None) -> float:
-        answer = self.read(text)
-        if answer is None:
-            return 0.0
-        if len(answer) > self.max_chars:
-            note_scoring(f"answer rejected: {len(answer)} characters (the limit is {self.max_chars})")
-            return 0.0
-        return self.compare(answer, gold, metadata)
-
-    def read(self, text: str) -> str | None:
-        return extract_answer(text, numeric_fallback=self.numeric_fallback)
-
-    def compare(self, answer: str, gold: str | None, metadata: dict[str, Any]) -> float:
-        raise NotImplementedError
+from harnesses.verifiers.judge import Judge
+from harnesses.verifiers.user import UserFunction
 
 
 def normalize_answer(text: str) -> str:
@@ -366,12 +328,8 @@ def make_verifier(spec: str, options: dict[str, Any]) -> Verifier:
     if spec in BUILT_IN:
         cls, fields = BUILT_IN[spec], dict(options)
     elif spec == "judge":
-        from harnesses.verifiers.judge import Judge  # it imports this module
-
         cls, fields = Judge, dict(options)
     elif ":" in spec:
-        from harnesses.verifiers.user import UserFunction  # it imports this module
-
         cls, fields = UserFunction, {**options, "target": spec}
     else:
         raise ValueError(

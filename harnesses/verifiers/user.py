@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harnesses.base import load_object
-from harnesses.verifiers.registry import KEY, Verifier
+from harnesses.verifiers.base import KEY, Verifier
 from harnesses.verifiers.sandbox import Sandbox
 
 

@@ -1,2 +1,2 @@
-"""The agent-facing side: the Agent client harnesses call, and the OpenAI-compatible gateway for agents
-written against other APIs."""
+"""The agent API harnesses call: the Agent client with its token-exact Conversation and trace recorder,
+over a policy's chat format."""

@@ -18,11 +18,13 @@ from typing import Any
 from harnesses.base import HarnessResult, as_result, collect_scoring_notes, load_harness
 from harnesses.verifiers.scoring import ScoringScope
 from rollout import faultpoints
-from rollout.agents.client import Agent, ChatFormat, TraceRecorder
-from rollout.agents.gateway import Gateway, GatewayLimits
+from rollout.agents.chat_format import ChatFormat
+from rollout.agents.client import Agent, TraceRecorder
 from rollout.config import RolloutJobConfig, SamplingConfig, make_task_source
 from rollout.engine.engine import EngineError
 from rollout.faultpoints import fires
+from rollout.gateway.server import Gateway
+from rollout.gateway.sessions import GatewayLimits
 from rollout.log import setup_logging
 from rollout.orchestration.router import Router
 from rollout.trace import Trace, TraceError

@@ -199,7 +199,8 @@ def test_the_judges_prompt_holds_the_answer_as_inert_text(engine, tiny_tokenizer
 
     from harnesses.verifiers.judge import Judge
     from harnesses.verifiers.scoring import ScoringScope
-    from rollout.agents.client import Agent, ChatFormat, TraceRecorder
+    from rollout.agents.chat_format import ChatFormat
+    from rollout.agents.client import Agent, TraceRecorder
     from rollout.config import SamplingConfig
     from rollout.orchestration.router import Router
 
@@ -236,7 +237,8 @@ def test_solver_verifier_with_verdicts_rewards_the_verifier_against_a_judged_dra
     from harnesses.programs.solver_verifier import solver_verifier
     from harnesses.tasks.files import FileTasks
     from harnesses.verifiers.scoring import ScoringScope
-    from rollout.agents.client import Agent, ChatFormat, TraceRecorder
+    from rollout.agents.chat_format import ChatFormat
+    from rollout.agents.client import Agent, TraceRecorder
     from rollout.config import SamplingConfig
     from rollout.orchestration.router import Router
 

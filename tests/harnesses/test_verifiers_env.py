@@ -91,7 +91,7 @@ def test_the_envs_rollout_runs_through_the_gateway_and_its_rubric_is_the_reward(
     on the recorded last turn's text."""
     from tracerl_vf_arith import FEEDBACK
 
-    from rollout.agents.client import ChatFormat
+    from rollout.agents.chat_format import ChatFormat
 
     task = source().train_task(1)
     _, seqs, result = run_harness(

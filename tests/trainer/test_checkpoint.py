@@ -12,6 +12,7 @@ from tests.conftest import fake_checkpoint
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.run_dir import check_run_dir
+from trainer.torch_load import load_torch
 
 
 def names(paths):
@@ -93,9 +94,9 @@ def test_a_torch_file_holding_an_object_that_runs_code_is_refused(tmp_path):
     good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
     torch.save({"module": {"w": torch.ones(2)}, "step": 3, "name": "x"}, good)
     torch.save({"module": {"w": torch.ones(2)}, "evil": RunsCode(marker)}, bad)
-    assert checkpoint.load_torch(good)["step"] == 3
+    assert load_torch(good)["step"] == 3
     with pytest.raises(ValueError, match=r"bad\.pt holds a pickled object .* refused.*it refers to io\.open"):
-        checkpoint.load_torch(bad)
+        load_torch(bad)
     assert not marker.exists(), "nothing in the file ran"
 
 

@@ -8,12 +8,12 @@
 import pytest
 import torch
 
-from rollout.agents.client import ChatFormat
+from rollout.agents.chat_format import ChatFormat
 from rollout.trace import Sequence, Trace
 from tests.conftest import hf_logprobs
-from trainer.config import LossConfig
+from trainer.config import LossConfig, Normalization
 from trainer.losses import microbatch_loss
-from trainer.packing import Normalization, build_rows, pack, packing_stats, share_prefixes, token_weights
+from trainer.packing import build_rows, pack, packing_stats, share_prefixes, token_weights
 
 pytestmark = pytest.mark.unit
 

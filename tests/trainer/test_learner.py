@@ -170,7 +170,8 @@ def test_a_sequence_trains_at_the_temperature_it_was_sampled_at(ray_cluster, eng
 
     import msgspec
 
-    from rollout.agents.client import Agent, ChatFormat, TraceRecorder
+    from rollout.agents.chat_format import ChatFormat
+    from rollout.agents.client import Agent, TraceRecorder
     from rollout.config import SamplingConfig
     from rollout.orchestration.router import Router
     from rollout.trace import Trace

@@ -6,7 +6,8 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
-from rollout.agents.client import Agent, ChatFormat, TraceRecorder
+from rollout.agents.chat_format import ChatFormat
+from rollout.agents.client import Agent, TraceRecorder
 from rollout.config import SamplingConfig
 from rollout.orchestration.router import Router
 

@@ -16,10 +16,11 @@ import pytest
 from openai import AsyncOpenAI
 from transformers import AutoTokenizer
 
-from rollout.agents.client import Agent, ChatFormat, TraceRecorder
-from rollout.agents.gateway import Gateway
-from rollout.agents.tool_calls import template_messages
+from rollout.agents.chat_format import ChatFormat
+from rollout.agents.client import Agent, TraceRecorder
 from rollout.config import SamplingConfig
+from rollout.gateway.server import Gateway
+from rollout.gateway.tool_calls import template_messages
 from rollout.models import resolve_model
 from rollout.orchestration.router import Router
 
@@ -133,13 +134,13 @@ def test_continuation_cache_is_bounded_in_bytes_and_skips_long_tails(tiny_tokeni
     """Rewards review #7: the cache held up to 4096 tails of any size (12 refused 1 MiB tool
     messages added ~350 MiB). Tails of long turns are not cached; the rest are kept under a byte
     budget, least recently used out first, and an evicted one renders the same again."""
-    from rollout.agents import client
+    from rollout.agents import chat_format
 
     fmt = ChatFormat(tiny_tokenizer)
     big = [{"role": "tool", "content": "x" * 2**20}]
     fmt.continuation([1, 2], big)
     assert len(fmt._tails) == 0 and fmt._tails_bytes == 0
-    monkeypatch.setattr(client, "_TAILS_MAX_BYTES", 20_000)
+    monkeypatch.setattr(chat_format, "_TAILS_MAX_BYTES", 20_000)
     first = fmt.continuation([1, 2], [{"role": "tool", "content": "result 0"}])
     for k in range(1, 400):
         fmt.continuation([1, 2], [{"role": "tool", "content": f"result {k} " + "y" * 100}])

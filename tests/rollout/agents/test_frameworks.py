@@ -157,7 +157,7 @@ def smollm2(ray_cluster, engine_cfg):
     for this module's e2e tests (a start costs ~25 s on the 2-core box)."""
     import ray
 
-    from rollout.agents.client import ChatFormat
+    from rollout.agents.chat_format import ChatFormat
     from rollout.config import ModelConfig
     from rollout.models import resolve_model
     from rollout.orchestration.cluster import spawn_engines
@@ -175,8 +175,8 @@ def greedily(smollm2, roles, program, deadline_s=300.0, max_tokens=48):
     """`await program(base_url, api_key)` on a gateway session whose roles all sample SmolLM2
     greedily (at most `max_tokens` a call): its result, the session's counters, the trace's sequences."""
     from rollout.agents.client import Agent, TraceRecorder
-    from rollout.agents.gateway import Gateway
     from rollout.config import SamplingConfig
+    from rollout.gateway.server import Gateway
     from rollout.orchestration.router import Router
 
     eng, fmt = smollm2

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible gateway (rollout/agents/gateway.py) with the `openai` SDK against the real engine
+"""The OpenAI-compatible gateway (rollout/gateway/server.py) with the `openai` SDK against the real engine
 (tiny model, its real tokenizer and chat template), and the openai_agent harness in a real worker.
 Hostile input (issue 26): tests/rollout/agents/test_gateway_hostile.py."""
 
@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from openai import APITimeoutError, AsyncOpenAI, BadRequestError, NotFoundError
 
-from rollout.agents.client import Agent, ChatFormat, TraceRecorder
-from rollout.agents.gateway import Gateway
-from rollout.agents.tool_calls import parse_tool_calls
+from rollout.agents.chat_format import ChatFormat
+from rollout.agents.client import Agent, TraceRecorder
 from rollout.config import HarnessConfig, SamplingConfig
+from rollout.gateway.server import Gateway
+from rollout.gateway.tool_calls import parse_tool_calls
 from rollout.orchestration.router import Router
 from rollout.trace import Trace
 from trainer.packing import build_rows, token_weights

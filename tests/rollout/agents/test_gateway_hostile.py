@@ -17,11 +17,12 @@ import pytest
 from openai import APIStatusError, AsyncOpenAI, BadRequestError
 from transformers import AutoTokenizer
 
-from rollout.agents.client import Agent, ChatFormat, TraceRecorder
-from rollout.agents.gateway import Gateway
-from rollout.agents.tool_calls import parse_tool_calls
+from rollout.agents.chat_format import ChatFormat
+from rollout.agents.client import Agent, TraceRecorder
 from rollout.config import SamplingConfig
 from rollout.engine.engine import EngineError
+from rollout.gateway.server import Gateway
+from rollout.gateway.tool_calls import parse_tool_calls
 from rollout.orchestration.router import Router
 from tests.rollout.agents.test_gateway import gateway_run  # noqa: F401 (the fixture)
 

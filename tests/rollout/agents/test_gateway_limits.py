@@ -11,9 +11,11 @@ import httpx
 import pytest
 from openai import BadRequestError
 
-from rollout.agents.client import Agent, ChatFormat, TraceRecorder
-from rollout.agents.gateway import Gateway, GatewayLimits
+from rollout.agents.chat_format import ChatFormat
+from rollout.agents.client import Agent, TraceRecorder
 from rollout.config import SamplingConfig
+from rollout.gateway.server import Gateway
+from rollout.gateway.sessions import GatewayLimits
 from rollout.orchestration.router import Router
 from tests.rollout.agents.test_gateway import gateway_run  # noqa: F401 (the fixture)
 

@@ -12,8 +12,8 @@ from hydra.errors import ConfigCompositionException
 from openai import AsyncOpenAI
 
 from harnesses.base import REWARD_RANGE
-from rollout.agents.gateway import GatewayLimits, RewardRefused
 from rollout.config import GenerateJobConfig, HarnessConfig, RolloutConfig, SamplingConfig, TaskConfig
+from rollout.gateway.sessions import GatewayLimits, RewardRefused
 from tests.conftest import EASY_CHAIN_SUM
 from tests.rollout.agents.test_gateway import gateway_run  # noqa: F401 (the fixture)
 

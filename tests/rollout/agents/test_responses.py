@@ -1,4 +1,4 @@
-"""The Responses API's conversion to and from chat completions (rollout/agents/responses.py): input
+"""The Responses API's conversion to and from chat completions (rollout/gateway/responses.py): input
 items to messages, what is refused and why, a chat result to a Response and its events, and output
 items that come back as input continuing the reply exactly. Over a real engine and the `openai`
 SDK: tests/rollout/agents/test_gateway.py."""
@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from rollout.agents.messages import RequestError, normalize
-from rollout.agents.responses import chat_request, input_messages, response_events, response_object
+from rollout.gateway.messages import RequestError, normalize
+from rollout.gateway.responses import chat_request, input_messages, response_events, response_object
 
 pytestmark = pytest.mark.unit
 

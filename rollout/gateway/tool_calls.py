@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rollout.agents.messages import RequestError
+from rollout.gateway.messages import RequestError
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_PROMPT = (

@@ -1,4 +1,4 @@
-"""The gateway's requests, checked and shaped (rollout/agents/gateway.py serves them): OpenAI-style errors,
+"""The gateway's requests, checked and shaped (rollout/gateway/server.py serves them): OpenAI-style errors,
 messages in one normal form, the sampling settings the learner can reproduce (and the refusal of the
 others), the tool list, and the streamed response as server-sent events."""
 

@@ -21,11 +21,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rollout.agents.messages import RequestError, text_chars
-from rollout.agents.tool_calls import native_tools, template_messages
+from rollout.gateway.messages import RequestError, text_chars
+from rollout.gateway.tool_calls import native_tools, template_messages
 
 if TYPE_CHECKING:
-    from rollout.agents.client import Agent, ChatFormat
+    from rollout.agents.chat_format import ChatFormat
+    from rollout.agents.client import Agent
 
 
 @dataclass

@@ -14,7 +14,7 @@ the roles, and `GET .../models` lists them with their policies),
     http://127.0.0.1:PORT/s/<session>/v1
 
 each serving `POST .../chat/completions` (with `stream=true` too),
-`POST .../responses` (the Responses API, rollout/agents/responses.py) and
+`POST .../responses` (the Responses API, rollout/gateway/responses.py) and
 `GET .../models`; `POST .../reward` (`{"reward": r}`) lets the agent report
 its own reward where the harness opened the session with `agent_reward`
 (with a key of its own, `Session.reward_key`; else a 403). Every completion
@@ -35,7 +35,7 @@ Tools. Tool definitions and tool calls go through the chat template when it
 renders them; otherwise the gateway describes the tools in the system
 message and asks for `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
 (the Hermes convention many templates use natively). Tool calls are parsed
-out of the generated text either way (rollout/agents/tool_calls.py).
+out of the generated text either way (rollout/gateway/tool_calls.py).
 
 Sampling honesty. `temperature`, `max_tokens` / `max_completion_tokens`,
 `stop`, `n` and `seed` (ignored: calls are seeded from the run's seed) are
@@ -45,7 +45,8 @@ refused with an OpenAI-style 400 error that says why, as are fields the
 gateway does not implement (`logprobs`, `chat_template_kwargs`, ...).
 `max_tokens` is clamped to the context the prompt leaves (the agent's
 `max_model_len`), and a prompt that does not fit is a 400, as in vLLM's server. The request checks,
-message normalisation and the SSE stream are rollout/agents/messages.py; this module serves and keeps sessions.
+message normalisation and the SSE stream are rollout/gateway/messages.py, the sessions sessions.py, each
+wire protocol a module of its own (chat.py, responses.py: `PROTOCOLS`); this module serves them.
 
 Model and agent text is hostile input (issue 26; rewards review #6-8, #11, #12,
 #18). Each session has its own key: every request needs
@@ -53,13 +54,13 @@ Model and agent text is hostile input (issue 26; rewards review #6-8, #11, #12,
 else a 401. Tool calls are found with `str.find`, in time linear in the text.
 The gateway never blocks its event loop on a request's size: a request whose
 characters cannot fit the model's context is refused before it is rendered,
-and rendering and tokenizing run on render threads (rollout/agents/prompts.py;
+and rendering and tokenizing run on render threads (rollout/gateway/prompts.py;
 scripts/bench/gateway_stall.py measures the loop's worst stall). `stop` takes
 at most 16 strings of 256 characters. `GatewayLimits` bounds the rest: a body
 over `max_body_bytes` is a 413, read no further; a request head over
 `max_header_bytes` a 400; a head or body that does not arrive in time is
 dropped (a 408); connections past `max_connections` are answered 503 and
-closed (rollout/agents/transport.py); a session's requests past
+closed (rollout/gateway/transport.py); a session's requests past
 `max_in_flight` at once are a 429. An agent-reported reward outside
 `reward_range` (harness.reward_range), not a finite number, or sent to a run
 that takes none, is refused and fails the trace (`RewardRefused`). Every
@@ -77,104 +78,25 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import secrets
 import socket
 import time
-from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING
 
-from harnesses.base import REWARD_RANGE
-from rollout.agents.messages import (
-    RequestError,
-    error_response,
-    normalize,
-    request_tools,
-    sampling_args,
-    sse_events,
-)
-from rollout.agents.prompts import Call, prompt_ids, too_long
-from rollout.agents.responses import chat_request, response_events, response_object
-from rollout.agents.tool_calls import parse_tool_calls
 from rollout.engine.engine import EngineError
+from rollout.gateway import chat, responses
+from rollout.gateway.messages import RequestError, error_response
+from rollout.gateway.sessions import GatewayLimits, Role, Session
 
-if TYPE_CHECKING:  # the Agent's module imports this one (an Agent hands its harness the gateway)
+if TYPE_CHECKING:
     from rollout.agents.client import Agent
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class GatewayLimits:
-    """What one worker's gateway lets its callers use; no agent that works as meant reaches a default.
-    The rollout worker sets `reward_range` from harness.reward_range; the rest are fixed here."""
-
-    max_body_bytes: int = 8 * 2**20  # a larger request body is a 413, read no further
-    max_header_bytes: int = 32 * 2**10  # request line + headers (h11): past it a 400, the connection closed
-    head_timeout_s: float = 30.0  # a connection that sends no whole request head within this is closed
-    body_timeout_s: float = 60.0  # a request body that does not arrive whole within this is a 408
-    keep_alive_s: float = 30.0  # an idle connection between requests is closed after this
-    max_connections: int = 1024  # connections at once; one more is answered 503 and closed
-    max_in_flight: int = 32  # requests of one session at once (each up to n=16); one more is a 429
-    render_threads: int = 2  # threads that render and tokenize prompts off the event loop
-    reward_range: tuple[float, float] = REWARD_RANGE  # an agent-reported reward outside it is a 400
-
-
-class RewardRefused(ValueError):
-    """The reward an agent reported was refused: its trace fails with this (see Session.raise_failure)."""
-
-
-# ---- sessions ------------------------------------------------------------------------------
-
-
-@dataclass
-class _Role:
-    agent: Agent
-    calls: list[Call] = field(default_factory=list)
-
-
-@dataclass
-class Session:
-    """One harness run's endpoint: a base URL per role; what the agent reported as its reward."""
-
-    id: str
-    base: str  # http://host:port/s/<id>
-    roles: dict[str, _Role]
-    api_key: str  # every request must carry it as `Authorization: Bearer <api_key>`
-    reward_key: str | None = None  # what POST .../reward must carry instead; None: the run takes no agent reward
-    reward_range: tuple[float, float] = REWARD_RANGE  # an agent-reported reward outside it is refused
-    max_in_flight: int = GatewayLimits.max_in_flight
-    reward: float | None = None
-    failure: Exception | None = None  # the first engine failure (EngineError), refused reward or gateway bug
-    in_flight: int = 0  # chat requests being answered now
-    # response id -> (its role, its conversation in the chat request's form, the reply last): what
-    # a Responses request's previous_response_id continues
-    responses: dict[str, tuple[str, list[dict]]] = field(default_factory=dict)
-    extended: int = 0  # calls whose prompt continued an earlier call's ids
-    fresh: int = 0  # calls rendered from their messages
-    tool_calls: int = 0
-
-    def base_url(self, role: str | None = None) -> str:
-        """`role`'s own base URL; None: the session's, where each request's `model` names its role."""
-        return f"{self.base}/v1" if role is None else f"{self.base}/{role}/v1"
-
-    def reward_url(self, role: str | None = None) -> str:
-        return f"{self.base_url(role)}/reward"
-
-    def counts(self) -> dict[str, int]:
-        return {"gateway_extended": self.extended, "gateway_fresh": self.fresh, "gateway_tool_calls": self.tool_calls}
-
-    def raise_failure(self) -> None:
-        """Raise what failed a request of this session, if anything did, once the agent is done
-        (it may have swallowed the error): an EngineError as itself, so that the worker runs the
-        episode again (rollout.retries); a refused reward as itself (RewardRefused); a gateway bug
-        as a RuntimeError that names it."""
-        if isinstance(self.failure, (EngineError, RewardRefused)):
-            raise self.failure
-        if self.failure is not None:
-            raise RuntimeError(
-                f"the gateway failed a request of this run: {type(self.failure).__name__}: {self.failure}"
-            ) from self.failure
+# The wire protocols, by their path under a base URL: each module's `to_chat` and `reply` around one
+# chat completion (rollout/gateway/chat.py says what a protocol module is).
+PROTOCOLS: dict[str, ModuleType] = {"chat/completions": chat, "responses": responses}
 
 
 def _quiet_server(config):
@@ -230,7 +152,7 @@ class Gateway:
     async def start(self, timeout_s: float = 30.0) -> None:
         import uvicorn
 
-        from rollout.agents.transport import BoundedH11
+        from rollout.gateway.transport import BoundedH11
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -280,7 +202,7 @@ class Gateway:
         session = Session(
             sid,
             f"http://{self.host}:{self.port}/s/{sid}",
-            {r: _Role(a) for r, a in agents.items()},
+            {r: Role(a) for r, a in agents.items()},
             api_key=secrets.token_urlsafe(32),
             reward_key=secrets.token_urlsafe(32) if agent_reward else None,
             reward_range=self.limits.reward_range,
@@ -302,20 +224,20 @@ class Gateway:
         async def http_error(request, e):  # unknown paths and methods: JSON too
             return error_response(str(e.detail), e.status_code)
 
-        return Starlette(
-            routes=[
-                Route("/s/{session}/{role}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
-                Route("/s/{session}/{role}/v1/models", self._answering(self._models), methods=["GET"]),
-                Route("/s/{session}/{role}/v1/reward", self._answering(self._reward), methods=["POST"]),
-                Route("/s/{session}/{role}/v1/responses", self._answering(self._responses), methods=["POST"]),
-                # the session's one URL: the request's `model` names the role
-                Route("/s/{session}/v1/chat/completions", self._answering(self._chat), methods=["POST"]),
-                Route("/s/{session}/v1/responses", self._answering(self._responses), methods=["POST"]),
-                Route("/s/{session}/v1/models", self._answering(self._models), methods=["GET"]),
-                Route("/s/{session}/v1/reward", self._answering(self._reward), methods=["POST"]),
-            ],
-            exception_handlers={HTTPException: http_error},
-        )
+        routes = []
+        for base in (
+            "/s/{session}/{role}/v1",
+            "/s/{session}/v1",
+        ):  # a role's URL; the session's (`model` names the role)
+            routes += [
+                Route(f"{base}/{path}", self._answering(self._protocol(p)), methods=["POST"])
+                for path, p in PROTOCOLS.items()
+            ]
+            routes += [
+                Route(f"{base}/models", self._answering(self._models), methods=["GET"]),
+                Route(f"{base}/reward", self._answering(self._reward), methods=["POST"]),
+            ]
+        return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
     def _answering(self, handler):
         """`handler` with whatever it raises answered as an OpenAI-style error: a RequestError as
@@ -343,8 +265,8 @@ class Gateway:
 
     def _fail(self, request, e: Exception) -> None:
         session = self.sessions.get(request.path_params.get("session"))
-        if session is not None and session.failure is None:
-            session.failure = e
+        if session is not None:
+            session.fail(e)
 
     def _lookup(self, request, key: str = "api_key") -> tuple[Session, str | None]:
         """The request's session and role (None on the session's own URL), once it shows the
@@ -381,177 +303,40 @@ class Gateway:
         ]
         return JSONResponse({"object": "list", "data": data})
 
-    @staticmethod
-    def _role_of(session: Session, model) -> str:
-        """The role a request to the session's own URL names as its `model`; else a 404 naming the roles."""
-        if isinstance(model, str) and model in session.roles:
-            return model
-        shown = repr(model[:80]) if isinstance(model, str) else "none"
-        raise RequestError(
-            f"model {shown} is not a role of this run: on the session's URL a request's model names its role, "
-            f"one of {sorted(session.roles)} (GET /v1/models lists them)",
-            "model",
-            status=404,
-            code="model_not_found",
-        )
-
     async def _reward(self, request):
         """The agent's reward, if this run takes one (else a 403); one the gateway refuses (a 400 or
         403) also fails the trace, with the reason: it is never replaced by the verifier's."""
         from starlette.responses import JSONResponse
 
         session, _ = self._lookup(request, "reward_key")
-        if session.reward_key is None:
-            raise self._refuse(
-                session,
-                "the agent reported a reward, but this run takes none (harness.options.agent_reward is "
-                "false); set it true to train on the agent's reward",
-                status=403,
-                code="agent_reward_off",
-            )
-        reward = (await _json(request, self.limits)).get("reward")
-        low, high = session.reward_range
-        try:
-            value = float(reward) if type(reward) in (int, float) else math.nan
-        except OverflowError:  # an integer past the float range
-            value = math.nan
-        if not low <= value <= high:  # NaN included
-            raise self._refuse(
-                session, f"reward must be a number in harness.reward_range [{low:g}, {high:g}]; got {str(reward)[:40]}"
-            )
-        session.reward = value
-        return JSONResponse({"reward": session.reward})
+        session.check_takes_reward()
+        reward = session.take_reward((await _json(request, self.limits)).get("reward"))
+        return JSONResponse({"reward": reward})
 
-    def _refuse(self, session: Session, reason: str, status: int = 400, code: str | None = None) -> RequestError:
-        """The error a refused reward answers, kept on the session to fail its trace."""
-        if session.failure is None:
-            session.failure = RewardRefused(f"the gateway refused the agent's reward: {reason}")
-        return RequestError(reason, "reward", status=status, code=code)
+    def _protocol(self, protocol: ModuleType):
+        """The endpoint of one wire protocol (`PROTOCOLS`): the request admitted, its body read, its
+        role found, one chat completion unless the client leaves, the protocol's reply."""
 
-    async def _chat(self, request):
-        from starlette.responses import JSONResponse, Response, StreamingResponse
+        async def handler(request):
+            from starlette.responses import JSONResponse, Response, StreamingResponse
 
-        session, role = self._lookup(request)
-        with self._admitted(session):
-            body = await _json(request, self.limits)
-            model = None  # a role's URL answers as its policy, the session's as the role asked for
-            if role is None:
-                role = model = self._role_of(session, body.get("model"))
-            result = await _unless_disconnected(request, self.complete(session, role, body, model))
-        if result is None:  # the client left: its generations were aborted, nothing was recorded
-            return Response(status_code=499)
-        if body.get("stream"):
-            return StreamingResponse(sse_events(result, body), media_type="text/event-stream")
-        return JSONResponse(result)
+            session, role = self._lookup(request)
+            with session.admitted():
+                body = await _json(request, self.limits)
+                model = None  # a role's URL answers as its policy, the session's as the role asked for
+                if role is None:
+                    role = model = session.role_of(body.get("model"))
+                asked = protocol.to_chat(session, role, body)
+                work = chat.complete(session, role, asked, model, self._off_loop)
+                result = await _unless_disconnected(request, work)
+            if result is None:  # the client left: its generations were aborted, nothing was recorded
+                return Response(status_code=499)
+            out, events = protocol.reply(session, role, body, asked, result)
+            if events is not None:
+                return StreamingResponse(events, media_type="text/event-stream")
+            return JSONResponse(out)
 
-    async def _responses(self, request):
-        """The Responses API as a chat completion (rollout/agents/responses.py); the response's
-        conversation is kept for a later request's previous_response_id."""
-        from starlette.responses import JSONResponse, Response, StreamingResponse
-
-        session, role = self._lookup(request)
-        with self._admitted(session):
-            body = await _json(request, self.limits)
-            model = None
-            if role is None:
-                role = model = self._role_of(session, body.get("model"))
-            chat = chat_request(body, self._history(session, role, body.get("previous_response_id")))
-            result = await _unless_disconnected(request, self.complete(session, role, chat, model))
-        if result is None:
-            return Response(status_code=499)
-        response_id = f"resp_{session.id}_{len(session.responses)}"
-        reply = result["choices"][0]["message"]
-        session.responses[response_id] = (role, chat["messages"] + [{**reply, "content": reply["content"] or ""}])
-        response = response_object(result, body, response_id)
-        if body.get("stream"):
-            return StreamingResponse(response_events(response), media_type="text/event-stream")
-        return JSONResponse(response)
-
-    @staticmethod
-    def _history(session: Session, role: str, previous) -> list[dict] | None:
-        """The conversation `previous` (a response id of this session and role) ended with; None for none."""
-        if previous is None:
-            return None
-        kept = session.responses.get(previous) if isinstance(previous, str) else None
-        if kept is None or kept[0] != role:
-            raise RequestError(
-                f"previous_response_id {str(previous)[:80]!r} is not a response of role {role!r} in this run",
-                "previous_response_id",
-                status=404,
-            )
-        return kept[1]
-
-    @contextlib.contextmanager
-    def _admitted(self, session: Session):
-        """A request of `session` in flight, refused (429) past its limit before its body is read."""
-        if session.in_flight >= session.max_in_flight:
-            raise RequestError(
-                f"this session already has {session.max_in_flight} requests in flight, the gateway's limit "
-                f"(GatewayLimits.max_in_flight); wait for one to finish",
-                status=429,
-                code="rate_limit_exceeded",
-            )
-        session.in_flight += 1
-        try:
-            yield
-        finally:
-            session.in_flight -= 1
-
-    # ---- completions ---------------------------------------------------------------------
-
-    async def complete(self, session: Session, role: str, body: dict, model: str | None = None) -> dict:
-        """One chat completion request of `role` in `session`: its prompt ids (continued or fresh),
-        one Agent call per choice, the OpenAI response body (its `model`: `model`, else the role's
-        policy)."""
-        sampling = sampling_args(body)
-        n = sampling.pop("n")
-        tools = request_tools(body)
-        messages = normalize(body.get("messages"))
-        slot = session.roles[role]
-        fmt = slot.agent.format
-        prompt, parent = await prompt_ids(slot.calls, slot.agent, messages, tools, self._off_loop)
-        context = slot.agent.max_model_len
-        if context is not None:  # as vLLM's server: refuse a prompt that does not fit, clamp max_tokens to the rest
-            if len(prompt) >= context:
-                raise too_long(context, f"{len(prompt)} tokens")
-            sampling["max_tokens"] = min(
-                sampling.get("max_tokens", slot.agent.sampling.max_tokens), context - len(prompt)
-            )
-        if parent is None:
-            session.fresh += n
-        else:
-            session.extended += n
-        outs = await asyncio.gather(*(slot.agent.generate(prompt, parent=parent, **sampling) for _ in range(n)))
-        choices, completion_tokens = [], 0
-        for i, (c, index) in enumerate(outs):
-            text = fmt.decode(c.completion_ids)
-            content, calls = parse_tool_calls(text, session.id, session.tool_calls) if tools else (text, [])
-            session.tool_calls += len(calls)
-            reply = {"role": "assistant", "content": content or ""}
-            if calls:
-                reply["tool_calls"] = calls
-            slot.calls.append(Call(messages + [reply], prompt + c.completion_ids, index))
-            completion_tokens += len(c.completion_ids)
-            message = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = [
-                    {"id": t["id"], "type": "function", "function": {"name": t["name"], "arguments": t["arguments"]}}
-                    for t in calls
-                ]
-            finish = "tool_calls" if calls else ("length" if c.finish_reason == "length" else "stop")
-            choices.append({"index": i, "message": message, "finish_reason": finish, "logprobs": None})
-        return {
-            "id": f"chatcmpl-{session.id}-{len(slot.calls)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model or slot.agent.policy,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": len(prompt) * n,
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt) * n + completion_tokens,
-            },
-        }
+        return handler
 
     async def _off_loop(self, fn, *args):
         """`fn(*args)` on the gateway's render threads (the tokenizer releases the GIL while it works)."""

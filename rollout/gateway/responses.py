@@ -17,7 +17,7 @@ the history the learner trains on (`truncation: auto`), and what this gateway do
 
 The conversation a chat request carries is the one the chat completions path compares with earlier
 calls, so a resent or continued conversation extends the earlier call's ids token-exact there
-(rollout/agents/prompts.py): output items come back as input items with the same text and call ids.
+(rollout/gateway/prompts.py): output items come back as input items with the same text and call ids.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rollout.agents.messages import RequestError
+from rollout.gateway.messages import RequestError
+from rollout.gateway.sessions import Session
 
 # Responses fields with no effect on what is sampled: accepted, with the values that are a no-op
 _IGNORED = ("store", "metadata", "user", "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier")
@@ -249,3 +250,18 @@ def response_events(response: dict) -> AsyncIterator[str]:
             yield f"event: {event['type']}\ndata: {json.dumps({**event, 'sequence_number': n})}\n\n"
 
     return events()
+
+
+def to_chat(session: Session, role: str, body: dict) -> dict:
+    """The chat request a Responses request asks for, continuing its previous_response_id's conversation."""
+    return chat_request(body, session.history(role, body.get("previous_response_id")))
+
+
+def reply(session: Session, role: str, body: dict, chat: dict, result: dict) -> tuple[dict, AsyncIterator[str] | None]:
+    """The chat result as a Response (and its events, streamed); the response's conversation is
+    kept for a later request's previous_response_id."""
+    response_id = f"resp_{session.id}_{len(session.responses)}"
+    message = result["choices"][0]["message"]
+    session.responses[response_id] = (role, chat["messages"] + [{**message, "content": message["content"] or ""}])
+    response = response_object(result, body, response_id)
+    return response, response_events(response) if body.get("stream") else None

@@ -370,6 +370,7 @@ def run_harness(engine, tiny_tokenizer):
     from rollout.agents.chat_format import ChatFormat
     from rollout.agents.client import Agent, TraceRecorder
     from rollout.config import SamplingConfig
+    from rollout.gateway.server import Gateway
     from rollout.orchestration.router import Router
 
     def run(target, roles, task_index=0, frozen=(), max_tokens=16, task=None, **options):
@@ -386,6 +387,7 @@ def run_harness(engine, tiny_tokenizer):
                 SamplingConfig(max_tokens=max_tokens),
                 seed=7,
                 trainable=r not in frozen,
+                gateway=Gateway.shared,  # as the rollout worker hands its agents theirs
             )
             for r in roles
         }

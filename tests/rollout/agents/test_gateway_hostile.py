@@ -279,6 +279,7 @@ def test_a_gateway_bug_is_a_json_500_and_fails_the_trace_by_name(engine, tiny_to
         ChatFormat(tiny_tokenizer),
         rec,
         SamplingConfig(max_tokens=4),
+        gateway=Gateway.shared,
     )
     with pytest.raises(RuntimeError, match="the gateway failed a request of this run: ZeroDivisionError: boom"):
         asyncio.run(

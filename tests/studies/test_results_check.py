@@ -83,7 +83,7 @@ def test_a_relay_analysis_that_is_not_its_files_is_refused(tmp_path):
     for folder in ("relay", "relay_pilot"):
         shutil.copytree(RESULTS / folder, tmp_path / folder)
     relay, block = tmp_path / "relay", "<!-- results_check: relay_analysis -->\n<!-- /results_check -->\n"
-    write_analysis(relay)  # what `relay_runs.py analyze` writes passes
+    write_analysis(relay)  # what `python -m studies.relay analyze` writes passes
     page, _ = check(block, tmp_path)
     assert "**Verdict: " in page and "| C - A | " in page and "| oracle - C | " in page, page
     (relay / "analysis.json").write_text(

@@ -1,14 +1,15 @@
 # tracerl: every target installs into .venv first (scripts/setup.sh is a no-op when up to date).
 #   make train   # the main training job on the embedded default (CPU, in-process Ray)
-#   make test       # the whole test suite: every tier (unit, integration, e2e; see pyproject.toml), on vLLM's CPU build
+#   make test       # the product's test suite: every tier (unit, integration, e2e; see pyproject.toml), on vLLM's CPU build
 #   make test-fast  # unit + integration: only the session's shared engines, nothing started per test
+#   make test-studies  # the research studies' tests (tests/studies/, mark `studies`), their quick runs included
 #   make lint       # ruff (lint + format check), the import layers (import-linter) and the harness types (mypy); CI runs it after make test
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export TRACERL_CACHE ?= $(HOME)/.cache/tracerl
 export WANDB_MODE ?= offline
 
-.PHONY: setup test test-fast lint train smoke bench bench-quick gpu-check clean
+.PHONY: setup test test-fast test-studies lint train smoke bench bench-quick gpu-check clean
 
 setup:
 	@bash scripts/setup.sh
@@ -18,12 +19,18 @@ setup:
 # $(VENV)-cpu. `setup.sh --tests` installs the right one and prints its python.
 TEST_PY = $$(VENV=$(VENV) bash scripts/setup.sh --tests)
 
+# The studies' tests (mark `studies`: tests/studies/) are left to `make test-studies`.
 test:
-	@py=$(TEST_PY) && set -x && $$py -m pytest tests -q --durations=40 $(PYTEST_ARGS)
+	@py=$(TEST_PY) && set -x && $$py -m pytest tests -q --durations=40 -m "not studies" $(PYTEST_ARGS)
 
-# Everything but the e2e tier (whole training / generation runs, job scripts, fault runs).
+# Everything but the e2e tier (whole training / generation runs, job scripts, fault runs) and the studies.
 test-fast:
-	@py=$(TEST_PY) && set -x && $$py -m pytest tests -q -m "unit or integration" $(PYTEST_ARGS)
+	@py=$(TEST_PY) && set -x && $$py -m pytest tests -q -m "(unit or integration) and not studies" $(PYTEST_ARGS)
+
+# The research studies (studies/): their statistics, drivers and results check, and their quick runs on the
+# tiny model in the background lane (the team study's and the relay's main runs, a relay pilot condition).
+test-studies:
+	@py=$(TEST_PY) && set -x && $$py -m pytest tests/studies -q --durations=20 -m studies $(PYTEST_ARGS)
 
 # ruff's rules and format, the import layers, and the harness API's types: harnesses/base.py and the programs
 # (pyproject.toml: [tool.ruff], [tool.importlinter], [tool.mypy]).

@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rollout", "trainer", "harnesses", "scripts")
+PACKAGES = ("rollout", "trainer", "harnesses", "scripts", "studies")
 MAX_LINES = 60
 
 

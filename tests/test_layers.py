@@ -1,7 +1,8 @@
-"""Imports point down only: between the top-level packages (trainer > rollout > harnesses) and between
-rollout/'s rooms (orchestration > agents > engine > the lobby: config, trace, ...).
+"""Imports point down only: between the top-level packages (studies > trainer > rollout > harnesses), between
+rollout/'s rooms (orchestration > agents > engine > the lobby: config, trace, ...) and between studies/' rooms.
 
-harnesses/ are the user's plugins, rollout/ runs them, trainer/ drives rollout/. Inside rollout/, the
+harnesses/ are the user's plugins, rollout/ runs them, trainer/ drives rollout/; studies/ (the research
+studies, run from the checkout, out of the wheel) use the product, which never imports them. Inside rollout/, the
 orchestration drives the agents, which call the engines; every room may use the lobby, which imports no
 room (docs/development.md). The graph is grimp's (import-linter's library), which sees every import
 statement, including the lazy ones inside functions and those under TYPE_CHECKING; `make lint` checks the
@@ -15,7 +16,8 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-LAYERS = ("trainer", "rollout", "harnesses")  # highest first
+LAYERS = ("studies", "trainer", "rollout", "harnesses")  # highest first
+PRODUCT = ("trainer", "rollout", "harnesses")  # the wheel
 # Layers inside a package, highest first: each a group of its children; the children of a group listed
 # in INDEPENDENT do not import each other, those of another group may.
 CONTAINED = {
@@ -37,8 +39,8 @@ CONTAINED = {
     ),
     "rollout.agents": (("client",), ("chat_format",)),
     "trainer": (
-        ("loop", "contrasts", "jobs"),
-        ("run_dir", "summary", "evaluation", "results"),
+        ("loop",),
+        ("run_dir", "summary", "evaluation"),
         ("policy",),
         ("checkpoint", "weight_sync", "metrics"),
         ("learner_group",),
@@ -48,6 +50,8 @@ CONTAINED = {
         ("config",),
     ),
     "harnesses": (("testing",), ("programs",), ("tasks",), ("verifiers",), ("base",)),
+    # the checks over the studies, the two studies, their shared driver and contrasts, items, statistics
+    "studies": (("results_check", "plot_results"), ("team", "relay"), ("study", "contrasts"), ("items",), ("stats",)),
 }
 # The groups whose children do not import each other (a `|` in pyproject.toml); the lobby's `:` lets its
 # modules import each other.
@@ -57,11 +61,13 @@ INDEPENDENT = {
     ("router", "buffer"),
     ("chat", "responses"),
     ("prompts", "transport"),
-    ("loop", "contrasts", "jobs"),
-    ("run_dir", "summary", "evaluation", "results"),
+    ("run_dir", "summary", "evaluation"),
     ("checkpoint", "weight_sync", "metrics"),
     ("losses", "advantages", "weight_transport", "hf_folder", "rank_env", "torch_load"),
     ("packing", "checks", "ledger"),
+    ("results_check", "plot_results"),
+    ("team", "relay"),
+    ("study", "contrasts"),
 }
 
 
@@ -79,9 +85,20 @@ def test_no_import_goes_up_the_layers(graph):
         for line in graph.get_import_details(importer=i["importer"], imported=i["imported"])
     ]
     assert not upward, (
-        "imports that go up the layers trainer > rollout > harnesses (hand the lower layer "
+        "imports that go up the layers studies > trainer > rollout > harnesses (hand the lower layer "
         "what it needs instead, as the rollout worker hands harnesses the gateway):\n" + "\n".join(upward)
     )
+
+
+def test_the_product_never_imports_the_studies(graph):
+    """rollout/, trainer/ and harnesses/ (the wheel) import nothing of studies/, lazily or not: the
+    studies run from the checkout only."""
+    found = [
+        f"{i['importer']} -> {i['imported']}"
+        for top in PRODUCT
+        for i in graph.find_matching_direct_imports(import_expression=f"{top}.** -> studies.**")
+    ]
+    assert not found, "the product imports the studies (move the piece it needs into the product):\n" + "\n".join(found)
 
 
 def breaches(graph, container: str) -> list[str]:
@@ -135,7 +152,7 @@ def test_the_contracts_match_these_lists():
 
 
 def test_the_development_tree_names_every_module():
-    """docs/development.md's tree has one line per module of the packages and scripts/ (the package
+    """docs/development.md's tree has one line per module of the packages, studies/ and scripts/ (the package
     __init__.py files left out), and no line for a module that is gone."""
     import re
 
@@ -152,7 +169,7 @@ def test_the_development_tree_names_every_module():
             listed.add("".join(folders[:depth]) + name)
     modules = {
         str(p.relative_to(root))
-        for top in ("rollout", "trainer", "harnesses", "scripts")
+        for top in ("rollout", "trainer", "harnesses", "scripts", "studies")
         for p in (root / top).rglob("*.py")
         if p.name != "__init__.py"
     }

@@ -197,6 +197,6 @@ def test_selfplay_presets_are_one_policy_on_both_seats_with_per_agent_rewards(pr
     adv = cfg.algorithm.advantage
     assert adv.per_agent_rewards and not adv.normalize_per_agent
     assert adv.role_baseline == (preset == "study_selfplay")
-    assert cfg.task.eval_size == cfg.eval.size == 24  # held out unseen: tests/scripts/test_team_study.py
+    assert cfg.task.eval_size == cfg.eval.size == 24  # held out unseen: tests/studies/test_team_study.py
     # a game takes at most a move per stone: no game of the preset's piles is cut at max_moves
     assert cfg.task.params["max_stones"] <= cfg.harness.options["max_moves"]

@@ -1,15 +1,27 @@
 """harness=relay (harnesses/programs/relay.py): the reader's chain, each role's reward for its own job, the
-oracle calculator; and the trace it leaves on the real engine (tiny model)."""
+oracle calculator; the trace it leaves on the real engine (tiny model); and a real training run of it
+(scripts/train.py, each role its own LoRA adapter of one base, in the background lane)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
 from harnesses.programs.relay import CALCULATOR_PROMPT, chain, relay, show
 from harnesses.tasks.story_sum import StorySum, StorySums
+from rollout.trace import read_jsonl
+from tests import lane
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def story(operands=(3, 5, 2), operators=("+", "-"), answer="6") -> StorySum:
@@ -208,3 +220,71 @@ def test_the_tiny_readers_own_reply_is_read(run_harness, tiny_tokenizer):
     parsed = chain(decoded(tiny_tokenizer, seqs[0].completion_ids), 1)
     assert [s.agent for s in seqs] == ["reader"] + ["calculator"] * (parsed is not None)
     assert result.agent_rewards["reader"] == float(parsed is not None and parsed[1] == int(task.answer))
+
+
+# ---- the relay trained: scripts/train.py, two LoRA adapters of one base (background lane) ------
+
+RUN = Path(tempfile.gettempdir()).resolve() / f"tracerl-relay-train-{os.getpid()}"
+# experiment=relay_team_lora on the tiny model: reader and calculator each its own LoRA adapter of
+# one base, trained on its own reward (algorithm=grpo_per_agent); 2 steps of 2 groups of 4
+TRAIN = [
+    "experiment=relay_team_lora",
+    "model=tiny",
+    "logger=disabled",
+    "trainer.steps=2",
+    "trainer.groups_per_step=2",
+    "trainer.eval_every=0",
+    "trainer.save_every=0",
+    "trainer.rollouts_every=1",
+    "rollout.group_size=4",
+    "eval.size=4",
+    "task.eval_size=4",
+    "engine.kv_cache_gb=0.25",
+]
+LANE_TESTS = {"test_the_relay_trains_each_roles_lora_adapter_on_its_own_reward": "relay_training"}
+
+
+def lane_jobs() -> dict[str, lane.Job]:
+    code = f"from tests.harnesses.test_relay import train_relay; train_relay({str(RUN)!r})"
+    return {"relay_training": lane.Job(["-c", code], 900)}
+
+
+def train_relay(out: str) -> None:
+    """The lane's job: scripts/train.py on TRAIN into `out`, as a user runs it; a JSON line of its exit."""
+    args = ["scripts/train.py", *TRAIN, f"run_dir={out}"]
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    print(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout[-3000:], "stderr": proc.stderr[-3000:]}))
+
+
+@pytest.mark.e2e
+def test_the_relay_trains_each_roles_lora_adapter_on_its_own_reward():
+    """A product run of the relay harness (the studies' relay runs cover it in make test-studies): two
+    LoRA adapters of one base served by one engine, each policy's batch its own role's rows, the
+    relay's trace."""
+    try:
+        r = lane.result("relay_training")
+        assert r["returncode"] == 0, r["stdout"] + r["stderr"]
+        summary = json.loads((RUN / "summary.json").read_text())
+        # the tiny model's stories pay nothing yet (no whole chain): no gradient, but every step's batch
+        # is split by policy, each adapter getting its own role's rows only
+        assert sorted(summary["trainable_policies"]) == ["calculator", "reader"], summary
+        steps = [
+            m
+            for m in map(json.loads, (RUN / "metrics.jsonl").read_text().splitlines())
+            if "rollout/generated_tokens" in m
+        ]
+        assert len(steps) == 2
+        for m in steps:
+            assert m["train/reader/sequences/reader"] > 0 and "train/reader/adv_count" in m, m
+            assert not [
+                k for k in m if k.startswith(("train/reader/sequences/calculator", "train/calculator/sequences/reader"))
+            ]
+        assert summary["policies"]["reader"]["engine_nodes"] == summary["policies"]["calculator"]["engine_nodes"]
+        traces = list(read_jsonl(RUN / "rollouts" / "step_2.jsonl"))
+        assert traces and all(set(t.agents) <= {"reader", "calculator"} and "expression" in t.info for t in traces)
+    finally:
+        shutil.rmtree(RUN, ignore_errors=True)
+
+
+def other(policy: str) -> str:
+    return "calculator" if policy == "reader" else "reader"

@@ -113,7 +113,7 @@ def test_a_checkpoint_against_its_base_gives_the_runs_own_eval(smoke_run, ray_cl
     """evaluate.py's main in this process, on the session's Ray: its engines, fleet, report and
     output are the script's own, and the cluster it did not start stays up. (A subprocess would
     add a driver's imports and a Ray start, ~10 CPU-s; the arguments go through the same main as
-    in the tests above, and tests/scripts/test_relay_runs_quick.py runs the script as a process.)"""
+    in the tests above, and tests/studies/test_relay_runs_quick.py runs the script as a process.)"""
     import ray
 
     from rollout.trace import read_jsonl

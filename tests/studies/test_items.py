@@ -1,4 +1,4 @@
-"""Per-item evaluation results (trainer/results.py): an item's record of a relay team's and a single
+"""Per-item evaluation results (studies/items.py, studies/stats.py): an item's record of a relay team's and a single
 agent's trace and of a majority vote, the items files (the same bytes each time) and a condition's
 items with its meta file, and the pre-registered statistics of
 docs/preregistration/relay.md (the t distribution's p against the tables, the paired t-test over
@@ -14,24 +14,19 @@ from pathlib import Path
 import pytest
 
 from rollout.trace import Sequence, Trace
-from trainer.results import (
-    bootstrap_ci,
+from studies.items import (
     head_commit,
-    holm,
     item,
     item_number,
-    mean,
-    paired_t,
     read_condition,
     read_items,
     records,
-    sign_test,
-    t_two_sided_p,
     write_condition,
     write_items,
 )
+from studies.stats import bootstrap_ci, holm, mean, paired_t, sign_test, t_two_sided_p
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.studies]  # the tier; `studies`: make test-studies, not make test
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,13 +2,13 @@
 conditions (per-seed means, paired t, two-level bootstrap CI), Holm over a family, per-seed
 run-vs-run sign tests, the accuracy and token summaries of runs and controls, and their markdown.
 
-A study lays its per-item files (trainer/results.py's write_condition) out as
+A study lays its per-item files (studies/items.py's write_condition) out as
 RESULTS/<arm>/seed<s>/step_<n>.* (each evaluation of a run, beside its driver's status.json:
 state, wall_s, attempts) and RESULTS/controls/seed<s>/<control>.* (evaluations on a run's weights).
 An item's reward is its accuracy (right 1, wrong 0); `*_per_story` keys count per item (the names
-of the relay's committed files). scripts/relay_runs.py's pre-registered analysis
-(docs/preregistration/relay.md, "Analysis") is built from these, moved here unchanged in arithmetic;
-the tests themselves are trainer/results.py's.
+of the relay's committed files). The relay's pre-registered analysis (studies/relay/analysis.py,
+docs/preregistration/relay.md, "Analysis") and the team study's are built from these; the tests
+themselves are studies/stats.py's, the numbers' text too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.results import bootstrap_ci, holm, paired_t, read_condition, sign_test
+from studies.items import read_condition
+from studies.stats import bootstrap_ci, holm, interval, num, paired_t, pval, sign_test
 
 # ---- a study's files ----------------------------------------------------------------------------
 
@@ -163,7 +164,7 @@ def contrast_family(pairs: dict[str, tuple[dict, dict]], seeds: list[int], resam
 def token_matched_k(other: list[dict], single: list[dict]) -> tuple[int, float, float]:
     """The samples k of a single agent's vote that spend about the generated tokens per item of
     `other`: k = max(1, round(T_other / T_single)) (a half rounds up), T the mean `tokens` of each's
-    items; (k, T_other, T_single). scripts/relay_runs.py's vote_k is the same rule."""
+    items; (k, T_other, T_single). The relay's vote_k is the same rule."""
     t_other, t_single = (statistics.fmean(r["tokens"] for r in recs) for recs in (other, single))
     if t_single == 0:
         raise ValueError("the single agent's items generated no tokens: k = T_other / T_single is undefined")
@@ -256,18 +257,6 @@ def control_rows(data: dict, meta_keys: tuple[str, ...]) -> dict:
 
 
 # ---- as markdown --------------------------------------------------------------------------------
-
-
-def num(x, digits: int = 1) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def interval(c, digits: int = 1) -> str:
-    return "-" if c is None else f"[{c[0]:.{digits}f}, {c[1]:.{digits}f}]"
-
-
-def pval(p) -> str:
-    return "-" if p is None else f"{p:.2g}"
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:

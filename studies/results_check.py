@@ -1,15 +1,15 @@
 """Recompute docs/results.md's checked tables from the committed per-item files, and fail on any
 difference.
 
-    python scripts/results_check.py           # check: exit 1 naming each table that differs
-    python scripts/results_check.py --write   # rewrite the checked tables from the files
+    python -m studies.results_check           # check: exit 1 naming each table that differs
+    python -m studies.results_check --write   # rewrite the checked tables from the files
 
 A checked table sits in docs/results.md between `<!-- results_check: NAME -->` and
 `<!-- /results_check -->`; NAME is one of TABLES below, each a function of the files under
 docs/results/ alone (the per-item evaluations `*.items.jsonl.gz`, their `*.meta.json`, a run's
 `status.json`): accuracies, before -> after, better / worse counts and the exact sign test's p
 are computed here, never copied. A number of a learning result belongs in such a table: prose
-says what the table shows. The test suite runs the check (tests/scripts/test_results_check.py).
+says what the table shows. `make test-studies` runs the check (tests/studies/test_results_check.py).
 The last output line is one JSON object.
 """
 
@@ -17,30 +17,18 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib.util
 import json
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
-from trainer.contrasts import CONTRAST_HEAD, accuracy, contrast_rows, table
-from trainer.results import mean, read_items, sign_test
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def relay_runs_module() -> ModuleType:
-    """scripts/relay_runs.py, whose analysis the relay_analysis table is (scripts/ is not an installed
-    package: loaded from its file unless already imported as scripts.relay_runs)."""
-    if (mod := sys.modules.get("scripts.relay_runs")) is None:
-        spec = importlib.util.spec_from_file_location("scripts.relay_runs", ROOT / "scripts" / "relay_runs.py")
-        assert spec is not None and spec.loader is not None
-        mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    return mod
-
+from studies.contrasts import CONTRAST_HEAD, accuracy, contrast_rows, table
+from studies.items import read_items
+from studies.relay.analysis import analyze
+from studies.relay.report import SECONDARY, headline_md, markdown
+from studies.stats import mean, sign_line, sign_test
+from studies.study import ROOT
 
 PAGE = ROOT / "docs" / "results.md"
 BLOCK = re.compile(r"(<!-- results_check: (\S+) -->\n)(.*?)(<!-- /results_check -->)", re.S)
@@ -48,14 +36,10 @@ RELAY_ARMS = ("single_agent", "team_shared", "team_lora")  # A, B, C of docs/pre
 RELAY_CONTROLS = ("transplant", "swap", "vote", "oracle")
 
 
-def fmt_p(p: float) -> str:
-    return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
-
-
 def paired(before: list[dict], after: list[dict]) -> str:
-    """`better / worse, p = ...` of the same items from `before` to `after`."""
+    """`better / worse, p = ...` of the same items from `before` to `after` (p under 0.001 as 1.2e-05)."""
     s = sign_test(before, after)
-    return f"{s['better']} / {s['worse']}, p = {fmt_p(s['p'])}"
+    return sign_line(s["better"], s["worse"], s["p"], exp_below=1e-3)
 
 
 def relay_pilot(results: Path) -> list[str]:
@@ -170,24 +154,24 @@ def relay_controls(results: Path) -> list[str]:
 
 
 def relay_analysis(results: Path) -> list[str]:
-    """The relay's pre-registered analysis (`scripts/relay_runs.py analyze`, the same code) of the
+    """The relay's pre-registered analysis (`python -m studies.relay analyze`, the same code) of the
     committed files under docs/results/relay/: the seeds in, the verdict, the three contrasts with
     their bootstrap CIs and Holm-adjusted p, the success criterion, the positive control, addendum
     3's sensitivity check and the secondary contrasts. analysis.md beside the files has the rest;
     it and analysis.json, where present, must be what the analysis writes."""
-    rr = relay_runs_module()
-    a = rr.analyze(results / "relay", pilot=results / "relay_pilot" / "ops1")
-    for name, text in (("analysis.json", json.dumps(a, indent=2, allow_nan=False)), ("analysis.md", rr.markdown(a))):
+    a = analyze(results / "relay", pilot=results / "relay_pilot" / "ops1")
+    for name, text in (("analysis.json", json.dumps(a, indent=2, allow_nan=False)), ("analysis.md", markdown(a))):
         path = results / "relay" / name
         if path.exists() and path.read_text() != text:
-            raise ValueError(f"{path}: not the analysis of the files beside it (python scripts/relay_runs.py analyze)")
-    secondary = contrast_rows({k: a["secondary"][k] for k in rr.SECONDARY})
-    return rr.headline_md(a) + ["Secondary contrasts (CIs only, no claims):", "", *table(CONTRAST_HEAD, secondary)]
+            raise ValueError(f"{path}: not the analysis of the files beside it (python -m studies.relay analyze)")
+    secondary = contrast_rows({k: a["secondary"][k] for k in SECONDARY})
+    return headline_md(a) + ["Secondary contrasts (CIs only, no claims):", "", *table(CONTRAST_HEAD, secondary)]
 
 
 def runs(results: Path) -> list[str]:
-    """The published training runs (docs/results/<name>/run.json, written by scripts/plot_results.py
-    --add): the held-out accuracy at the first and last evaluation, paired, and the run's wall time.
+    """The published training runs (docs/results/<name>/run.json, written by
+    `python -m studies.plot_results --add`): the held-out accuracy at the first and last evaluation,
+    paired, and the run's wall time.
     The run's own summary.json must agree with its items."""
     rows = []
     for folder in sorted(p.parent for p in results.glob("*/run.json")):

@@ -1,4 +1,4 @@
-"""scripts/plot_results.py draws every published run's curves from its committed metrics."""
+"""studies/plot_results.py draws every published run's curves from its committed metrics."""
 
 import json
 import shutil
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.studies]  # the tier; `studies`: make test-studies, not make test
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 
 
 def test_every_published_run_is_small_trimmed_and_has_its_figure():
-    from scripts.plot_results import trim
+    from studies.plot_results import trim
 
     runs = sorted(p.parent for p in RESULTS.glob("*/metrics.jsonl"))
     assert runs, "no published runs"
@@ -23,7 +23,7 @@ def test_every_published_run_is_small_trimmed_and_has_its_figure():
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert all(trim(r) == r for r in rows), f"{run.name}: metrics not trimmed to the plotted keys"
         assert (run / "metrics.jsonl").stat().st_size < 64_000
-        assert (run / "curves.png").exists(), f"{run.name}: run python scripts/plot_results.py"
+        assert (run / "curves.png").exists(), f"{run.name}: run python -m studies.plot_results"
         assert f"results/{run.name}/curves.png" in (ROOT / "docs" / "results.md").read_text(), run.name
 
 
@@ -32,7 +32,7 @@ def test_plot_results_writes_a_png_per_run(tmp_path):
         (tmp_path / run.parent.name).mkdir()
         shutil.copy(run, tmp_path / run.parent.name / "metrics.jsonl")
     proc = subprocess.run(
-        [sys.executable, "scripts/plot_results.py", "--results", str(tmp_path)],
+        [sys.executable, "-m", "studies.plot_results", "--results", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

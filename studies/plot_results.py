@@ -1,11 +1,11 @@
 """The curves of docs/results.md: one PNG per published run, from its committed metrics.
 
-    python scripts/plot_results.py                                   # docs/results/*/curves.png
-    python scripts/plot_results.py --add runs/smollm2_solver_verifier make_train_2026-12-03
+    python -m studies.plot_results                                   # docs/results/*/curves.png
+    python -m studies.plot_results --add runs/smollm2_solver_verifier make_train_2026-12-03
 
 `--add RUN_DIR NAME` publishes a finished run: its metrics.jsonl trimmed to the keys plotted
 (KEYS, a few kB), the headline numbers of its summary.json, and each held-out evaluation's items
-(`step_<N>.items.jsonl.gz` and `.meta.json`, which scripts/results_check.py recomputes the page's
+(`step_<N>.items.jsonl.gz` and `.meta.json`, which studies/results_check.py recomputes the page's
 numbers from) go to docs/results/NAME/, with `--command` (what was run) in run.json; then every
 run's figure is drawn again. A figure has three panels: the sampled training reward per step
 with the held-out (greedy) eval reward at the steps it was measured; where each step's seconds
@@ -57,7 +57,7 @@ def trim(row: dict) -> dict:
 def add_run(run_dir: Path, name: str, command: str | None = None) -> Path:
     """Copy a finished run's trimmed metrics, headline summary and per-item evaluations into
     docs/results/<name>/."""
-    from trainer.results import publish_evals
+    from studies.items import publish_evals
 
     summary = json.loads((run_dir / "summary.json").read_text())
     out = RESULTS / name

@@ -1,9 +1,9 @@
-"""scripts/team_study.py on the tiny model (`--quick`: 2 steps of 2 groups of 4, 8 held-out
+"""python -m studies.team on the tiny model (`--quick`: 2 steps of 2 groups of 4, 8 held-out
 items, one seed), so that the presets and the script cannot rot: one arm per kind of run trains
 (QUICK_ARMS: a team of two adapters, the single agent, self-play; the arms left out differ from one
 of them only in the preset's overrides (team_full: full weights, which tests/trainer/test_policies.py
 trains; team_shared and the credit arms: the advantage's flags, which tests/trainer/test_advantages.py
-covers), every arm's preset composes and validates in tests/scripts/test_team_study.py, and the
+covers), every arm's preset composes and validates in tests/studies/test_team_study.py, and the
 script treats every arm and every swap alike: each one more costs a run's start, ~40 CPU-s), each
 kind of control runs (the single agent transplanted into the team, its vote matched in tokens
 (--quick: 2 samples), roles' weights swapped, the seats of a game), every evaluation's per-item
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts.team_study import ARMS, run_seed
+from studies.items import read_condition
+from studies.team.arms import ARMS, run_seed
 from tests import lane
-from trainer.results import read_condition
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.studies]  # the tier; `studies`: make test-studies, not make test
 
 OUT = Path(tempfile.gettempdir()) / f"tracerl-team-study-quick-{os.getpid()}"
 # at nice 10 beside the suite (alone: ~4 min; 600 s in the lane with other sessions' jobs on the box, 2026-12-06).
@@ -45,7 +45,7 @@ LANE_TESTS = {"test_every_arm_trains_the_controls_run_and_the_analysis_reads_the
 
 
 def lane_jobs() -> dict[str, lane.Job]:
-    args = ["scripts/team_study.py", "--quick", "--seeds", "1", "--arms", ",".join(QUICK_ARMS), "--out", str(OUT)]
+    args = ["-m", "studies.team", "--quick", "--seeds", "1", "--arms", ",".join(QUICK_ARMS), "--out", str(OUT)]
     return {"team_study": lane.Job(args, DEADLINE_S)}
 
 

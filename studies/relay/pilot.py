@@ -1,7 +1,7 @@
 """The relay experiment's pilot gate (docs/preregistration/relay.md): untrained evaluations only.
 
-    python scripts/relay.py --operations 2 --out docs/results/relay_pilot/ops2   # ~10 min here
-    python scripts/relay.py --operations 1 --quick --out /tmp/pilot              # tiny model (tests)
+    python -m studies.relay.pilot --operations 2 --out docs/results/relay_pilot/ops2   # ~10 min here
+    python -m studies.relay.pilot --operations 1 --quick --out /tmp/pilot              # tiny model (tests)
 
 Runs scripts/evaluate.py (greedy, on the held-out stories of task=story_sum) on the untrained
 model three ways, one after another: `single` (experiment=relay_single_agent, max_tokens the
@@ -18,7 +18,7 @@ reused. OUT/pilot.json holds the gate's three criteria (section 3.3 of the resul
 
 the generated tokens per trace of each condition (arm A's and the majority vote's token matching),
 and the seeds the main runs need (5, or 8 when 5 cannot detect 8 points). Its last output line is
-a JSON summary. The items, their files and the sign test are trainer/results.py's.
+a JSON summary. The items and their files are studies/items.py's, the sign test studies/stats.py's.
 """
 
 from __future__ import annotations
@@ -27,18 +27,16 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
 from rollout.models import resolve_model
 from rollout.trace import read_jsonl
+from studies.items import head_commit, item, item_number, read_items, write_items
+from studies.stats import mean, sign_test
+from studies.study import ROOT, run
 from trainer.config import compose
 from trainer.metrics import write_atomic
-from trainer.results import head_commit, item, item_number, mean, read_items, sign_test, write_items
-
-ROOT = Path(__file__).resolve().parents[1]
 
 CONDITIONS = {
     "single": ["experiment=relay_single_agent"],
@@ -121,12 +119,9 @@ def run_condition(name: str, overrides: list[str], out: Path, work: Path, timeou
         return read_items(path)
     commit = head_commit(ROOT)
     report, log = work / f"{name}.json", work / f"{name}.log"
-    cmd = [sys.executable, "scripts/evaluate.py", *overrides, "--out", str(report)]
-    print(f"[relay] {name}: {' '.join(cmd[1:])} (output: {log})", flush=True)
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
-    if proc.returncode:
-        raise RuntimeError(f"scripts/evaluate.py exited {proc.returncode} on {name}; its output: {log}")
+    cmd = ["scripts/evaluate.py", *overrides, "--out", str(report)]
+    print(f"[relay] {name}: {' '.join(cmd)} (output: {log})", flush=True)
+    run(cmd, log, timeout_s)  # in its own process group, ended with it
     cfg = compose("train", overrides)
     model = cfg.policy_model(cfg.trainable_policies()[0])
     from tokenizers import Tokenizer

@@ -1,6 +1,6 @@
-"""A study driver's jobs (trainer/jobs.py): a script run in its own process group under a deadline
+"""A study driver's jobs (studies/study.py): a script run in its own process group under a deadline
 (finished, failed, timed out, nothing of it left), the checkout's provenance, a run's evaluation
-steps. The relay presets' steps are tested in tests/scripts/test_relay_runs.py.
+steps. The relay presets' steps are tested in tests/studies/test_relay_runs.py.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.jobs import eval_steps, provenance, run_script
+from studies.study import eval_steps, provenance, run_script
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.studies]  # the tier; `studies`: make test-studies, not make test
 
 ROOT = Path(__file__).resolve().parents[2]
 

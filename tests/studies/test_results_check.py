@@ -1,4 +1,4 @@
-"""scripts/results_check.py: docs/results.md's checked tables are what the committed per-item files
+"""studies/results_check.py: docs/results.md's checked tables are what the committed per-item files
 say; a number changed on the page, an unknown table or a summary that disagrees with its items
 fails, naming it."""
 
@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from scripts import relay_runs
-from scripts.results_check import PAGE, ROOT, check, main
+from studies.relay.__main__ import write_analysis
+from studies.results_check import PAGE, ROOT, check, main
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.studies]  # the tier; `studies`: make test-studies, not make test
 
 RESULTS = ROOT / "docs" / "results"
 
@@ -83,7 +83,7 @@ def test_a_relay_analysis_that_is_not_its_files_is_refused(tmp_path):
     for folder in ("relay", "relay_pilot"):
         shutil.copytree(RESULTS / folder, tmp_path / folder)
     relay, block = tmp_path / "relay", "<!-- results_check: relay_analysis -->\n<!-- /results_check -->\n"
-    relay_runs.write_analysis(relay)  # what `relay_runs.py analyze` writes passes
+    write_analysis(relay)  # what `python -m studies.relay analyze` writes passes
     page, _ = check(block, tmp_path)
     assert "**Verdict: " in page and "| C - A | " in page and "| oracle - C | " in page, page
     (relay / "analysis.json").write_text(

@@ -1,9 +1,9 @@
-"""The relay experiment's main-run driver and its pre-registered analysis (scripts/relay_runs.py),
+"""The relay experiment's main-run driver and its pre-registered analysis (studies/relay/),
 on per-item files made up here in the committed format: a known effect is found, the success
 rule's edge, Holm over the three contrasts, the positive control, a dropped seed, a pending
 verdict; the failure rule, the vote's k_s and the command line. The statistics themselves are
-tested in tests/trainer/test_results.py, the contrasts and tables in tests/trainer/test_contrasts.py;
-the whole pipeline runs on the tiny model in tests/scripts/test_relay_runs_quick.py.
+tested in tests/studies/test_items.py, the contrasts and tables in tests/studies/test_contrasts.py;
+the whole pipeline runs on the tiny model in tests/studies/test_relay_runs_quick.py.
 """
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ import json
 
 import pytest
 
-from scripts import relay_runs
-from scripts.relay_runs import analyze, markdown, roles
-from trainer.jobs import eval_steps
-from trainer.results import holm, paired_t, write_condition
+from studies.items import write_condition
+from studies.relay import analysis
+from studies.relay.__main__ import main, parse
+from studies.relay.analysis import analyze, roles
+from studies.relay.controls import CONTROLS, Controls, vote_k
+from studies.relay.report import markdown
+from studies.relay.runs import ARMS, QUICK, Run, next_attempt
+from studies.stats import holm, paired_t
+from studies.study import eval_steps
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.studies]  # the tier; `studies`: make test-studies, not make test
 
 N = 100  # stories per evaluation: a point is one story
 A_RIGHT = [20, 24, 18, 22, 26, 21, 19, 23]  # arm A's right stories per seed (1-8)
@@ -27,7 +32,7 @@ A_RIGHT = [20, 24, 18, 22, 26, 21, 19, 23]  # arm A's right stories per seed (1-
 def fewer_resamples(monkeypatch):
     """2,000 bootstrap resamples instead of the pre-registered 10,000: these tests check what the
     intervals are of, not their third digit (and run in seconds on a loaded box)."""
-    monkeypatch.setattr(relay_runs, "RESAMPLES", 2000)
+    monkeypatch.setattr(analysis, "RESAMPLES", 2000)
 
 
 def items(right: int, team: bool = False, calculator: float = 0.8, n: int = N) -> list[dict]:
@@ -196,7 +201,7 @@ def test_the_verdict_is_pending_until_every_seed_is_in(tmp_path):
     experiment(tmp_path, seeds=range(1, 7), leave_out={(6, "oracle")})
     a = analyze(tmp_path)
     assert a["seeds"]["in"] == [1, 2, 3, 4, 5] and a["seeds"]["incomplete"]["6"] == ["oracle"]
-    assert a["seeds"]["incomplete"]["7"] == ["single_agent", "team_shared", "team_lora", *relay_runs.CONTROLS]
+    assert a["seeds"]["incomplete"]["7"] == ["single_agent", "team_shared", "team_lora", *CONTROLS]
     assert not a["verdict"]["final"] and a["verdict"]["text"].startswith("pending: 5 of 8 seeds in")
     assert "Every number below is provisional" in markdown(a)
     empty = analyze(tmp_path / "none")
@@ -219,57 +224,57 @@ def test_the_failure_rule_resumes_three_times_then_reruns_once_from_scratch_then
     def attempts(*outcomes, scratch_from=99):
         return [{"phase": "scratch" if i >= scratch_from else "first", "outcome": o} for i, o in enumerate(outcomes)]
 
-    assert relay_runs.next_attempt([]) == "go"
-    assert relay_runs.next_attempt(attempts("failed", "timed out", "failed")) == "go"  # 2 resumes so far
-    assert relay_runs.next_attempt(attempts("failed", "interrupted", "failed", "failed", "interrupted")) == "go"
-    assert relay_runs.next_attempt(attempts("failed", "timed out", "failed", "failed")) == "scratch"
-    assert relay_runs.next_attempt(attempts(*["failed"] * 4, "failed", "failed", scratch_from=4)) == "go"
-    assert relay_runs.next_attempt(attempts(*["failed"] * 8, scratch_from=4)) == "drop"
-    assert relay_runs.next_attempt(attempts("did not start", "did not start")) == "go"  # not the run's failure
+    assert next_attempt([]) == "go"
+    assert next_attempt(attempts("failed", "timed out", "failed")) == "go"  # 2 resumes so far
+    assert next_attempt(attempts("failed", "interrupted", "failed", "failed", "interrupted")) == "go"
+    assert next_attempt(attempts("failed", "timed out", "failed", "failed")) == "scratch"
+    assert next_attempt(attempts(*["failed"] * 4, "failed", "failed", scratch_from=4)) == "go"
+    assert next_attempt(attempts(*["failed"] * 8, scratch_from=4)) == "drop"
+    assert next_attempt(attempts("did not start", "did not start")) == "go"  # not the run's failure
 
 
 def test_the_votes_k_is_the_token_ratio_rounded_half_up_and_at_least_one():
     tok = lambda t: [{"tokens": t}] * 4  # noqa: E731
-    assert relay_runs.vote_k(tok(29.3), tok(35.7))[0] == 1  # the untrained pilot's tokens
-    assert relay_runs.vote_k(tok(75), tok(30))[0] == 3 and relay_runs.vote_k(tok(74), tok(30))[0] == 2
-    assert relay_runs.vote_k(tok(3), tok(30)) == (1, 3, 30)
+    assert vote_k(tok(29.3), tok(35.7))[0] == 1  # the untrained pilot's tokens
+    assert vote_k(tok(75), tok(30))[0] == 3 and vote_k(tok(74), tok(30))[0] == 2
+    assert vote_k(tok(3), tok(30)) == (1, 3, 30)
     with pytest.raises(ValueError, match="no tokens"):
-        relay_runs.vote_k(tok(3), tok(0))
+        vote_k(tok(3), tok(0))
 
 
 def test_the_command_line_needs_each_arms_lr_and_keeps_quick_numbers_out_of_the_results(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        relay_runs.parse(["train", "--lr", "single_agent=2e-5,team_shared=2e-5"])
+        parse(["train", "--lr", "single_agent=2e-5,team_shared=2e-5"])
     assert "no learning rate for team_lora" in capsys.readouterr().err
     for bad, says in (("team_lora=x", "not a number"), ("solo=1e-5", "not an arm"), ("C=-1", "> 0")):
         with pytest.raises(SystemExit):
-            relay_runs.parse(["train", "--arms", "C", "--lr", bad])
+            parse(["train", "--arms", "C", "--lr", bad])
         assert says in capsys.readouterr().err
-    args = relay_runs.parse(["train", "--arms", "A,C", "--lr", "A=2e-5,C=2e-4"])
+    args = parse(["train", "--arms", "A,C", "--lr", "A=2e-5,C=2e-4"])
     assert args.lrs == {"single_agent": 2e-5, "team_lora": 2e-4} and args.seeds == list(range(1, 9))
     with pytest.raises(SystemExit):
-        relay_runs.parse(["all", "--quick"])
+        parse(["all", "--quick"])
     assert "give --out and --results" in capsys.readouterr().err
 
 
 def test_a_run_of_other_settings_is_refused_before_anything_runs(tmp_path):
-    old = relay_runs.Run("team_lora", 3, tmp_path / "runs", tmp_path / "results", lr=1e-4)
+    old = Run("team_lora", 3, tmp_path / "runs", tmp_path / "results", lr=1e-4)
     old.save(old.status() | {"state": "running"})
-    new = relay_runs.Run("team_lora", 3, tmp_path / "runs", tmp_path / "results", lr=2e-4)
+    new = Run("team_lora", 3, tmp_path / "runs", tmp_path / "results", lr=2e-4)
     with pytest.raises(ValueError, match=r"learner.lr=0.0001.*give the same --lr"):
         new.train()
     assert new.overrides()[:3] == ["experiment=relay_team_lora", "seed=3", "learner.lr=0.0002"]
 
 
 def test_each_arm_evaluates_at_steps_0_10_20_30_and_quick_after_each_step():
-    for arm in relay_runs.ARMS.values():
+    for arm in ARMS.values():
         assert eval_steps([f"experiment=relay_{arm}"]) == [0, 10, 20, 30]
-    assert eval_steps(["experiment=relay_team_lora", *relay_runs.QUICK]) == [0, 1, 2]
+    assert eval_steps(["experiment=relay_team_lora", *QUICK]) == [0, 1, 2]
 
 
 def test_analyze_writes_the_json_and_the_table_and_ends_on_a_json_line(tmp_path, capsys):
     experiment(tmp_path, seeds=range(1, 4))
-    relay_runs.main(["analyze", "--results", str(tmp_path)])
+    main(["analyze", "--results", str(tmp_path)])
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["seeds_in"] == 3 and last["planned"] == 8 and last["verdict"].startswith("pending: 3 of 8")
     assert json.loads((tmp_path / "analysis.json").read_text())["primary"]["C_vs_A"]["seeds"] == [1, 2, 3]
@@ -277,9 +282,9 @@ def test_analyze_writes_the_json_and_the_table_and_ends_on_a_json_line(tmp_path,
 
 
 def test_a_dropped_run_is_not_trained_again_and_its_seed_gets_no_controls(tmp_path, capsys):
-    run = relay_runs.Run("single_agent", 5, tmp_path / "runs", tmp_path / "results", lr=2e-5)
+    run = Run("single_agent", 5, tmp_path / "runs", tmp_path / "results", lr=2e-5)
     run.save(run.status() | {"state": "dropped"})
     assert run.train() == "dropped" and not run.dir.exists()
-    controls = relay_runs.Controls(5, tmp_path / "runs", tmp_path / "results").all()
-    assert controls == dict.fromkeys(relay_runs.CONTROLS, "seed dropped")
+    controls = Controls(5, tmp_path / "runs", tmp_path / "results").all()
+    assert controls == dict.fromkeys(CONTROLS, "seed dropped")
     assert not (tmp_path / "runs" / "controls").exists()

@@ -1,12 +1,12 @@
 """The relay experiment's presets (conf/experiment/relay_*.yaml) and the pilot gate's logic
-(scripts/relay.py).
+(studies/relay/pilot.py).
 
 Each preset composes and validates, holds out stories no training draw repeats, and changes from
 arm B (relay_team_shared) exactly what its arm is about; the single agent gets the team's whole
 token budget. The gate's criteria, the seed count and the token counts are checked on numbers made
-up here (the items' records and the pre-registered statistics: tests/trainer/test_results.py); the
+up here (the items' records and the pre-registered statistics: tests/studies/test_items.py); the
 published pilots (docs/results/relay_pilot/) are recomputed from their items, and one condition is
-evaluated on the tiny model, in tests/scripts/test_relay_quick.py.
+evaluated on the tiny model, in tests/studies/test_relay_quick.py.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import pytest
 from harnesses.base import normalize_question
 from harnesses.programs.solver_verifier import SOLVER_SYSTEM
 from rollout.config import make_task_source
-from scripts.relay import CONDITIONS, ROOT, gate, seeds_needed, tokens
+from studies.items import read_items
+from studies.relay.pilot import CONDITIONS, ROOT, gate, seeds_needed, tokens
 from trainer.checks import validate
 from trainer.config import compose
-from trainer.results import read_items
+
+pytestmark = pytest.mark.studies  # make test-studies, not make test (each test has its tier below)
 
 ARMS = ("single_agent", "team_shared", "team_lora")
 
@@ -101,7 +103,7 @@ def test_the_pilots_conditions_are_the_presets():
     assert compose("train", CONDITIONS["oracle"]).harness.options == {"oracle_calculator": True}
 
 
-# ---- the pilot gate (scripts/relay.py) --------------------------------------------------------
+# ---- the pilot gate (studies/relay/pilot.py) --------------------------------------------------------
 
 
 def rec(i: int, reward: float, reader: float | None = None, calls: tuple[bool, ...] = ()) -> dict:

@@ -1,4 +1,4 @@
-"""scripts/relay_runs.py --quick: the relay experiment's main-run pipeline end to end on the tiny
+"""python -m studies.relay --quick: the relay experiment's main-run pipeline end to end on the tiny
 model (one seed, the three arms trained 2 steps with an evaluation after each, the four controls on
 their weights, 8 stories, the analysis), as the main runs will go. Its first call (three train.py
 runs and four evaluate.py runs, each its own Ray: ~10 min on a loaded 2-core box) runs in the
@@ -17,16 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from scripts.relay_runs import ARMS, CONTROLS, QUICK, ROOT, Run, vote_k
+from studies.contrasts import accuracy
+from studies.items import read_items
+from studies.relay.controls import CONTROLS, vote_k
+from studies.relay.runs import ARMS, QUICK, Run
+from studies.study import ROOT
 from tests import lane
 from trainer import checkpoint
-from trainer.contrasts import accuracy
-from trainer.results import read_items
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.studies]  # the tier; `studies`: make test-studies, not make test
 
 OUT = Path(tempfile.gettempdir()).resolve() / f"tracerl-relay-runs-quick-{os.getpid()}"
-CMD = ["scripts/relay_runs.py", "all", "--quick", "--out", str(OUT / "runs"), "--results", str(OUT / "results")]
+CMD = ["-m", "studies.relay", "all", "--quick", "--out", str(OUT / "runs"), "--results", str(OUT / "results")]
 DEADLINE_S = 2400  # at nice 10 beside the suite (alone, on a 2-core box shared with 3 others: ~15 min)
 IDS = [f"story_sum/eval/{i}" for i in range(8)]
 

@@ -1,4 +1,4 @@
-"""The team study's presets (conf/experiment/study_*.yaml) and scripts/team_study.py's own logic.
+"""The team study's presets (conf/experiment/study_*.yaml) and the team study's own logic (studies/team/).
 
 Each preset composes and validates, changes from its reference exactly what its arm is about, and
 holds out questions no training draw repeats; the study's seeds train on disjoint item streams.
@@ -6,7 +6,7 @@ The script's own logic on items made up here or written with the tiny model's re
 team item's record (draft, verdict, cut calls), a team evaluation's revision and verdict confusion
 matrix, and the analysis from per-item files (contrasts over seeds, run-vs-run sign tests, Holm,
 the token-matched vote) and its markdown. The arms themselves run on the tiny model in
-tests/trainer/test_team_study_quick.py.
+tests/studies/test_team_study_quick.py.
 """
 
 from __future__ import annotations
@@ -23,25 +23,16 @@ from harnesses.programs.solver_verifier import SOLVER_SYSTEM
 from rollout.config import make_task_source
 from rollout.models import resolve_model
 from rollout.trace import Sequence, Trace
-from scripts.team_study import (
-    ARMS,
-    QUICK,
-    Job,
-    analyze,
-    game_stats,
-    grad_spikes,
-    parse,
-    pick_arms,
-    report,
-    run_seed,
-    study_records,
-    team_stats,
-)
+from studies.items import decoder, write_condition
+from studies.team.__main__ import parse
+from studies.team.analysis import analyze
+from studies.team.arms import ARMS, QUICK, Job, pick_arms, run_seed
+from studies.team.records import study_records, team_stats
+from studies.team.report import game_stats, grad_spikes, report
 from trainer.checks import validate
 from trainer.config import compose
-from trainer.results import decoder, write_condition
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.studies]  # the tier; `studies`: make test-studies, not make test
 
 
 def flat(cfg, prefix: str = "") -> dict:

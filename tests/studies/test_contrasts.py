@@ -1,4 +1,4 @@
-"""Conditions compared over seeds (trainer/contrasts.py), on per-item files and items made up here: the
+"""Conditions compared over seeds (studies/contrasts.py), on per-item files and items made up here: the
 paired contrast (per-seed points, the exact mean, the paired t, the CI), Holm over a family, per-seed
 sign tests, the two-level CI of a mean, a study's files read back (which seeds are in, dropped or
 incomplete), the rows reported regardless of outcome, and their markdown.
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from trainer.contrasts import (
+from studies.contrasts import (
     CONTRAST_HEAD,
     RUN_HEAD,
     STEP_HEAD,
@@ -35,9 +35,10 @@ from trainer.contrasts import (
     table,
     token_matched_k,
 )
-from trainer.results import holm, paired_t, write_condition
+from studies.items import write_condition
+from studies.stats import holm, paired_t
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.studies]  # the tier; `studies`: make test-studies, not make test
 
 
 def items(right: int, n: int = 20, tokens: int = 30) -> list[dict]:

@@ -1,4 +1,4 @@
-"""scripts/relay.py, the relay experiment's pilot gate. The published pilots (docs/results/relay_pilot/
+"""studies/relay/pilot.py, the relay experiment's pilot gate. The published pilots (docs/results/relay_pilot/
 ops1 and ops2) are recomputed from their committed per-item files, every evaluation reused: the
 script must give their committed pilot.json again. One condition is evaluated fresh on the tiny
 model (scripts/evaluate.py, 8 stories; in the background lane), as the pilot ran each: its items
@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts.relay import CONDITIONS, QUICK, ROOT, gate, main, run_condition
+from studies.items import read_items
+from studies.relay.pilot import CONDITIONS, QUICK, ROOT, gate, main, run_condition
 from tests import lane
 from trainer.config import compose
-from trainer.results import read_items
+
+pytestmark = pytest.mark.studies  # make test-studies, not make test (each test has its tier below)
 
 PILOTS = ROOT / "docs" / "results" / "relay_pilot"
 
@@ -55,7 +57,7 @@ LANE_TESTS = {"test_a_condition_evaluated_fresh_writes_the_items_the_gate_reads"
 
 
 def lane_jobs() -> dict[str, lane.Job]:
-    code = f"from tests.scripts.test_relay_quick import fresh_condition; fresh_condition({str(OUT)!r})"
+    code = f"from tests.studies.test_relay_quick import fresh_condition; fresh_condition({str(OUT)!r})"
     return {"relay_condition": lane.Job(["-c", code], 900)}
 
 

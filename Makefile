@@ -19,9 +19,10 @@ setup:
 # $(VENV)-cpu. `setup.sh --tests` installs the right one and prints its python.
 TEST_PY = $$(VENV=$(VENV) bash scripts/setup.sh --tests)
 
-# The studies' tests (mark `studies`: tests/studies/) are left to `make test-studies`.
+# The studies' tests (mark `studies`: tests/studies/) are left to `make test-studies`. The session ends with
+# its time in yardsticks (tests/yardstick.py: the budget, 600, is in a unit of the box) and its peak memory.
 test:
-	@py=$(TEST_PY) && set -x && $$py -m pytest tests -q --durations=40 -m "not studies" $(PYTEST_ARGS)
+	@py=$(TEST_PY) && set -x && TRACERL_YARDSTICK=1 $$py -m pytest tests -q --durations=40 -m "not studies" $(PYTEST_ARGS)
 
 # Everything but the e2e tier (whole training / generation runs, job scripts, fault runs) and the studies.
 test-fast:
@@ -30,7 +31,7 @@ test-fast:
 # The research studies (studies/): their statistics, drivers and results check, and their quick runs on the
 # tiny model in the background lane (the team study's and the relay's main runs, a relay pilot condition).
 test-studies:
-	@py=$(TEST_PY) && set -x && $$py -m pytest tests/studies -q --durations=20 -m studies $(PYTEST_ARGS)
+	@py=$(TEST_PY) && set -x && TRACERL_YARDSTICK=1 $$py -m pytest tests/studies -q --durations=20 -m studies $(PYTEST_ARGS)
 
 # ruff's rules and format, the import layers, and the harness API's types: harnesses/base.py and the programs
 # (pyproject.toml: [tool.ruff], [tool.importlinter], [tool.mypy]).

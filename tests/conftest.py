@@ -137,12 +137,21 @@ def pytest_sessionfinish(session):
         MEMORY["lane"] = lane.stop()
     if "start" in CPU:
         CPU["end"] = cpu_times()
+    if os.environ.get("TRACERL_YARDSTICK") == "1" and "since" in CPU:  # make test: its time in yardsticks
+        from tests.yardstick import line, yardstick_s
+
+        wall = time.monotonic() - CPU["since"]
+        y = yardstick_s()  # after the lane stopped: the box is as quiet as it gets
+        MEMORY["yardstick"] = f"yardstick {y:.2f} s; " + line("the pytest session", wall, y)
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The lane's job times and the session's sampled peak memory, the suite's two budgets."""
+    """The lane's job times, the session's time in yardsticks (tests/yardstick.py) and its sampled
+    peak memory: the suite's budgets."""
     if "lane" in MEMORY:
         terminalreporter.write_line(MEMORY["lane"])
+    if "yardstick" in MEMORY:
+        terminalreporter.write_line(MEMORY["yardstick"])
     if "end" in CPU:
         terminalreporter.write_line(cpu_line())
     if "peak_gib" in MEMORY:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +34,7 @@ from rollout.engine.lora_names import own_params, peft_config, peft_name, saved_
 from rollout.engine.weight_group import Layout
 from rollout.log import setup_logging
 from trainer.config import LearnerConfig, LossConfig
+from trainer.gather import digest, gathered
 from trainer.losses import microbatch_loss
 from trainer.packing import MicroBatch
 from trainer.rank_env import free_port, gpu_memory_share, quiet_start, skip_shm_comm_build
@@ -319,7 +319,7 @@ class Learner:
         slot = self.activate(adapter)
         named = zip(slot.names, slot.params) if adapter is not None else self.module.named_parameters()
         buckets, current, size = [], {}, 0
-        for name, t in self._gathered(named):
+        for name, t in gathered(named, self.cfg.zero_stage == 3, self.rank == 0):
             if t is None:  # not rank 0
                 continue
             current[saved_name(name, adapter) if adapter is not None else name] = t
@@ -461,48 +461,21 @@ class Learner:
     def base_digest(self) -> str:
         """A hash of the weights that no slot trains, under the base model's own names (with
         adapters: the frozen base, which must never change); gathered under ZeRO-3."""
-        import hashlib
-
-        import deepspeed
-
         trained = {id(p) for slot in self.slots.values() for p in slot.params}
         frozen = {
             n.removeprefix("base_model.model.").replace(".base_layer.", "."): p
             for n, p in self.module.named_parameters()
             if id(p) not in trained
         }
-        h = hashlib.sha256()
-        for name, p in sorted(frozen.items()):
-            with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
-                h.update(name.encode())
-                h.update(p.detach().cpu().float().numpy().tobytes())
-        return h.hexdigest()
+        return digest(sorted(frozen.items()), self.cfg.zero_stage == 3)
 
     def param_digest(self, adapter: str | None = None) -> str:
         """A hash of this rank's full parameters (of `adapter`: its own only; gathered under
         ZeRO-3), to compare ranks."""
-        import hashlib
-
-        import deepspeed
-
         params = self.slots[adapter].params if adapter is not None else list(self.module.parameters())
-        h = hashlib.sha256()
-        for p in params:
-            with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
-                h.update(p.detach().cpu().float().numpy().tobytes())
-        return h.hexdigest()
+        return digest(((None, p) for p in params), self.cfg.zero_stage == 3)
 
     # ------------------------------------------------------ full weights on rank 0
-    def _gathered(self, named) -> Iterator[tuple[str, Any]]:
-        """(name, a CPU copy of the full parameter, in its dtype) on rank 0 and (name, None) on the
-        others, for each of `named`, gathered one at a time under ZeRO-3: every rank runs through it."""
-        import deepspeed
-
-        for name, p in named:
-            with deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=self.cfg.zero_stage == 3):
-                t = p.detach().to("cpu", copy=True) if self.rank == 0 else None
-            yield name, t
-
     def write_hf(self, folder: str, base_model: str, shard_bytes: int) -> dict | None:
         """Rank 0 writes the full model into `folder` as an HF model folder (trainer/hf_folder.py),
         holding one shard of at most `shard_bytes` at a time; returns the files' names and sizes and
@@ -516,7 +489,7 @@ class Learner:
 
         def shards():
             for names in plan:
-                yield dict(self._gathered((n, params[n]) for n in names))
+                yield dict(gathered(((n, params[n]) for n in names), self.cfg.zero_stage == 3, self.rank == 0))
 
         if self.rank == 0:
             return hf_folder.write(folder, base_model, shards(), len(plan))

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import pickle
@@ -47,7 +46,6 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +58,7 @@ from rollout.engine.args import (
     engine_args,
     sampling_params,
 )
+from rollout.engine.core_watch import CORE_WATCH_S, dies_with_core, watch_core
 from rollout.log import setup_logging
 from rollout.models import tokenizer_class
 
@@ -79,38 +78,6 @@ class Completion:
 class EngineError(RuntimeError):
     """A request that an engine did not answer: it died (Ray restarts it) or ran past the deadline.
     The worker runs such an episode again (rollout.retries) instead of blaming the harness."""
-
-
-CORE_WATCH_S = 0.5  # how often the watch reads whether vLLM's engine core died
-
-
-def _dies_with_core(method):
-    """`method`, except that a failure that finds vLLM's engine core dead ends this process
-    (Engine._exit_if_core_died) instead of answering: Ray restarts the engine. BaseException: a
-    call cancelled by its caller (the router's deadline, an episode's) checks the core too."""
-
-    @functools.wraps(method)
-    async def wrapper(self, *args, **kwargs):
-        try:
-            return await method(self, *args, **kwargs)
-        except BaseException:
-            self._exit_if_core_died()
-            raise
-
-    return wrapper
-
-
-async def watch_core(
-    errored: Callable[[], bool], on_dead: Callable[[], None], stopped: Callable[[], bool], period_s: float
-) -> None:
-    """Every `period_s` until `stopped()`: once `errored()` (vLLM's engine core is dead), call
-    `on_dead()` and return. A call that waits on the dead core is never answered by vLLM, so the
-    engine cannot rely on a call to notice the death: this watch does, whatever is waiting."""
-    while not stopped():
-        if errored():
-            on_dead()
-            return
-        await asyncio.sleep(period_s)
 
 
 class Engine:
@@ -257,7 +224,7 @@ class Engine:
                 await self._load(version, buckets, policy)
 
     # ------------------------------------------------------------ generation
-    @_dies_with_core
+    @dies_with_core
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingConfig, seed: int | None = None, policy: str | None = None
     ) -> list[Completion]:
@@ -313,7 +280,7 @@ class Engine:
             return self.adapter_versions[policy], self._lora.get(policy)
         return self.version, None
 
-    @_dies_with_core
+    @dies_with_core
     async def score(self, prompt_ids: list[int], completion_ids: list[int], policy: str | None = None) -> list[float]:
         """Log-probs `policy`'s current weights give `completion_ids` after `prompt_ids` (no sampling)."""
         await self._current()
@@ -334,7 +301,7 @@ class Engine:
         return [plp[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
 
     # ---------------------------------------------------------- weight sync
-    @_dies_with_core
+    @dies_with_core
     async def update_weights(self, version: int, buckets: list[bytes], policy: str | None = None) -> dict[str, float]:
         """Load safetensors-serialised weights in place and tag later outputs of `policy` with
         `version`: an adapter policy's adapter tensors (only that adapter changes), else the base's.
@@ -404,7 +371,7 @@ class Engine:
             await self._llm.resume_generation()
         return loaded[0]
 
-    @_dies_with_core
+    @dies_with_core
     async def weight_identities(self) -> list[str]:
         """Each worker's device (rollout/engine/weight_group.py::device_identity), in tensor-parallel
         rank order: what the weight group's transport for it is chosen from."""
@@ -412,7 +379,7 @@ class Engine:
 
         return await self._llm.collective_rpc(WeightSyncExtension.tracerl_device_identity.__name__)
 
-    @_dies_with_core
+    @dies_with_core
     async def open_weight_group(self, plan, first_member: int, timeout_s: float) -> list[str]:
         """Join the base policy's weight group (trainer/weight_sync.py::CollectiveSync) as members
         `first_member`.. (one per worker); learner rank 0 and the policy's other engines join at the
@@ -425,7 +392,7 @@ class Engine:
             WeightSyncExtension.tracerl_open_weight_group.__name__, args=(pickle.dumps(plan), first_member, timeout_s)
         )
 
-    @_dies_with_core
+    @dies_with_core
     async def receive_weights(self, version: int, layout: list) -> dict[str, float]:
         """Take the base weights learner rank 0 sends over the weight group as `version`, in
         `layout` order, and load them in place (paused as in `update_weights`)."""
@@ -461,7 +428,7 @@ class Engine:
                 await self._llm.resume_generation()
         return tensors
 
-    @_dies_with_core
+    @dies_with_core
     async def health(self) -> int:
         """A one-token generation: answers only if the engine core is alive and scheduling."""
         from vllm import SamplingParams

@@ -202,12 +202,12 @@ def test_the_watchdog_tells_a_busy_engine_from_a_hung_one(ray_cluster, tiny_path
 
 @pytest.mark.unit
 def test_the_core_watch_ends_an_engine_whose_core_died_while_a_call_waits_forever():
-    """rollout/engine/engine.py::watch_core, the fix of the dead-core hang: vLLM never answers a utility
+    """rollout/engine/core_watch.py::watch_core, the fix of the dead-core hang: vLLM never answers a utility
     call (the first request's task query, a pause, a weight load) whose engine core died, so the engine
     cannot wait for a call to meet the death. Here a call waits on a future nobody completes (the lost
     utility future) and the core is marked dead after it started: the watch calls on_dead within two
     periods, and the call is still waiting (nothing else would have noticed). A stopped watch never fires."""
-    from rollout.engine.engine import watch_core
+    from rollout.engine.core_watch import watch_core
 
     async def scenario() -> tuple[float, bool]:
         core = {"dead": False}

@@ -5,7 +5,7 @@ a call padded with 100,000 spaces, 10,000 unclosed `<tool_call>` tags and a norm
 (`<tool_call>\\s*(.*?)\\s*</tool_call>`, cubic in the whitespace) on 1,000 and 2,000 spaces.
 Goal: 100k spaces in < 50 ms. The last line is one JSON object.
 
-    python scripts/bench/tool_parser.py [--quick]  # --quick: seconds, for the test suite
+    python -m tools.bench.tool_parser [--quick]  # --quick: seconds, for the test suite
 """
 
 from __future__ import annotations

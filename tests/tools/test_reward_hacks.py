@@ -1,12 +1,12 @@
-"""DESIGN invariant 9 over the reward-hack corpus (harnesses/testing/reward_hacks.py): every shipped task's
+"""DESIGN invariant 9 over the reward-hack corpus (tools/corpora/reward_hacks.py): every shipped task's
 real `score()` and every built-in verifier pays 0 for each hack, for the reason the corpus names,
-and 1 for its gold answers (scripts/bench/reward_hacks.py runs the same on more items)."""
+and 1 for its gold answers (tools/bench/reward_hacks.py runs the same on more items)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harnesses.testing import reward_hacks as rh
+from tools.corpora import reward_hacks as rh
 
 pytestmark = pytest.mark.unit
 

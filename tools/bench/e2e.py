@@ -1,11 +1,11 @@
 """Benchmark the whole loop: two variants of one config side by side in one run, or one config
 against its speed of light.
 
-    python scripts/bench/e2e.py --model smollm2_135m [--steps 3] [overrides ...]  # speed of light
-    python scripts/bench/e2e.py [--steps 12] [overrides ...]                 # sync vs async (max_staleness 0 vs 1)
-    python scripts/bench/e2e.py --compare policies [--steps 6] [overrides ...]  # one trained policy vs two
-    python scripts/bench/e2e.py --compare lora [--steps 6] [overrides ...]      # two full policies vs two adapters
-    python scripts/bench/e2e.py --quick [--compare ...] [overrides ...]  # the test suite's run (tiny)
+    python -m tools.bench.e2e --model smollm2_135m [--steps 3] [overrides ...]  # speed of light
+    python -m tools.bench.e2e [--steps 12] [overrides ...]                 # sync vs async (max_staleness 0 vs 1)
+    python -m tools.bench.e2e --compare policies [--steps 6] [overrides ...]  # one trained policy vs two
+    python -m tools.bench.e2e --compare lora [--steps 6] [overrides ...]      # two full policies vs two adapters
+    python -m tools.bench.e2e --quick [--compare ...] [overrides ...]  # the test suite's run (tiny)
 
 `--compare staleness` (default overrides: experiment=smoke) trains synchronously and with
 max_staleness=1. `--compare policies` (default: experiment=smoke harness=solver_verifier) trains
@@ -21,7 +21,7 @@ how idle each side was — the learners (1 - train seconds / loop seconds) and t
 keeps the last step's rollout traces and, once the run has ended, measures on the same machine
 what that step's work costs with nothing else in the way: vLLM alone generating the same tokens
 (every sequence of the step at once, each to its own length, on engines with the run's settings),
-the plain torch loop (scripts/bench/_reference.py's) training the same packed rows, and a memory copy
+the plain torch loop (tools/bench/reference.py's) training the same packed rows, and a memory copy
 of the trained weights. It prints the step's seconds over their sum and where the rest went
 (rollout wait, train, sync, the loop's own). `--quick`: the comparison's second variant alone
 (the first is the same code with other overrides; no ratios), 2 steps on one learner rank, and
@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 import ray
-from _reference import PlainLoop, memcpy_s
 
 from rollout.agents.client import ChatFormat
 from rollout.config import RayConfig, SamplingConfig
@@ -46,6 +45,7 @@ from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import spawn_engines, start_ray
 from rollout.trace import read_jsonl
+from tools.bench.reference import PlainLoop, memcpy_s
 from trainer.advantages import compute_advantages
 from trainer.config import compose
 from trainer.loop import train
@@ -162,7 +162,7 @@ def engines_alone_s(cfg, traces) -> float:
 
 
 def plain_train_s(cfg, traces) -> tuple[float, int]:
-    """Seconds of the plain torch loop (_reference.py's PlainLoop) over the micro-batches
+    """Seconds of the plain torch loop (reference.py's PlainLoop) over the micro-batches
     each trained policy's learners got from `traces` (the best of two, after a warm-up), and the
     trained weights' bytes."""
     a, total, nbytes = cfg.algorithm, 0.0, 0

@@ -1,6 +1,6 @@
 """Answers a hostile model could give to an arithmetic task: code that would create a file if
 anything evaluated it, and answers built to take a verifier's time or memory. The scoring tests
-(tests/harnesses/test_hostile_answers.py) and scripts/bench/hostile.py score them against every
+(tests/tools/test_hostile_answers.py) and tools/bench/hostile.py score them against every
 shipped reasoning-gym task."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Every scripts/bench/*.py runs once with `--quick` (the tiny model, the fewest iterations and
-process starts that still go through its code: where a comparison's other side is the same code
-with another setting, or runs in another bench's quick run, it is left out, and the check says so)
+"""Every bench of tools/bench/ runs once with `--quick`, as `python -m tools.bench.<name> --quick`
+from the repository root (the tiny model, the fewest iterations and process starts that still go
+through its code: where a comparison's other side is the same code with another setting, or runs in
+another bench's quick run, it is left out, and the check says so)
 and keeps its promise: the last output line is one JSON object with the keys it documents and sane
 values. Benches are never run in tests for their numbers; this only stops them breaking unseen (one
 once called a config method that was gone).
@@ -21,8 +22,8 @@ from tests import lane
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-# scripts/bench/_reference.py (what the benches measure against) is a module, not a bench
-BENCHES = sorted(p.stem for p in (ROOT / "scripts" / "bench").glob("*.py") if not p.stem.startswith("_"))
+# tools/bench/reference.py (what the benches measure against) is a module, not a bench
+BENCHES = sorted(p.stem for p in (ROOT / "tools" / "bench").glob("*.py") if p.stem not in ("__init__", "reference"))
 # generous: a bench runs at nice 10 beside the rest of the suite (alone: 5-80 s each)
 DEADLINE_S = {"faults": 900, "chaos": 1200, "e2e": 900, "learner": 900, "rollout_path": 600}  # others: 450
 # a Ray of its own: they strike actors by name (tests/trainer/test_faults.py reads the faults run)
@@ -38,7 +39,7 @@ def run_quick(name: str) -> dict:
 
 def lane_jobs() -> dict[str, lane.Job]:
     """Each bench's quick run (tests/conftest.py launches those of the selected tests)."""
-    return {n: lane.Job([f"scripts/bench/{n}.py", "--quick"], DEADLINE_S.get(n, 450), n in OWN_RAY) for n in BENCHES}
+    return {n: lane.Job(["-m", f"tools.bench.{n}", "--quick"], DEADLINE_S.get(n, 450), n in OWN_RAY) for n in BENCHES}
 
 
 # each quick test reads its own bench's run
@@ -92,7 +93,7 @@ def check_lora_ops(r):
 
 
 def check_rollout_path(r):
-    # --quick runs the fleets alone: vLLM alone is _reference.bench_vllm, which bf16's quick run runs
+    # --quick runs the fleets alone: vLLM alone is reference.bench_vllm, which bf16's quick run runs
     assert "vllm_tok_s" not in r and positive(r["path_tok_s"], r["gateway_tok_s"], r["gateway_over_path_paired"])
     # ignore_eos: every side generated every token it was asked for
     for rounds in ("path_rounds", "gateway_rounds"):

@@ -2,7 +2,7 @@
 what the run trained afterwards, in the manner of Jepsen (a nemesis, a history, checkers over it)
 and FoundationDB's simulation (a seeded schedule that replays, a deterministic oracle).
 
-    python scripts/bench/chaos.py [--seed 0] [--faults 30] [--modes sync,async] [--kinds ...] [--quick]
+    python -m tools.bench.chaos [--seed 0] [--faults 30] [--modes sync,async] [--kinds ...] [--quick]
 
 The run: the smoke experiment with solver_verifier (the verifier a frozen policy whose engine runs
 vLLM's engine core in a child process, `engine.core=process`, so that a core can die under its

@@ -1,11 +1,11 @@
-"""Bench: the reward-hack corpus (harnesses/testing/reward_hacks.py) through each task's real `score()`.
+"""Bench: the reward-hack corpus (tools/corpora/reward_hacks.py) through each task's real `score()`.
 
 Every hack is scored on the items it fits among each target's first training items (the first
 one with `--quick`, up to 20 otherwise), and every item's gold answer too: a hack must score 0
 (its reason, the scoring note or WRONG / NO_ANSWER / FORFEIT, is printed), a gold answer 1.
-DESIGN invariant 9; tests/harnesses/test_reward_hacks.py asserts the same on fewer items.
+DESIGN invariant 9; tests/tools/test_reward_hacks.py asserts the same on fewer items.
 
-    .venv/bin/python scripts/bench/reward_hacks.py [--quick]
+    .venv/bin/python -m tools.bench.reward_hacks [--quick]
 
 A row per target, then a line per hack that paid or gold that failed; the last line is one JSON
 object: {"bench": "reward_hacks", "hacks": N, "paid": <hacks scoring > 0 on some item>,
@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harnesses.testing import reward_hacks as rh
 from rollout.log import setup_logging
+from tools.corpora import reward_hacks as rh
 
 
 def target_row(target: str, items: list, per_hack: int) -> tuple[dict, list[str]]:

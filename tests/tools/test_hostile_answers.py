@@ -9,7 +9,7 @@ import pytest
 from examples.calculator_agent import calculator
 from harnesses.base import collect_scoring_notes
 from harnesses.tasks.reasoning_gym import ReasoningGymTasks
-from harnesses.testing.hostile_answers import SHIPPED, TASKS, payloads
+from tools.corpora.hostile_answers import SHIPPED, TASKS, payloads
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """Benchmark engine start: Engine actor created -> its first token back, per engine core mode.
 
-    python scripts/bench/engine_start.py [--models tiny,smollm2_135m] [--cores process,thread]
+    python -m tools.bench.engine_start [--models tiny,smollm2_135m] [--cores process,thread]
                                          [--repeats 3] [--quick]
 
 Through the real path, in an in-process Ray: rollout.orchestration.cluster.spawn_engines starts one Engine

@@ -1,6 +1,6 @@
 """Benchmark bf16 against fp32 on this CPU, both sides of training, in one run.
 
-    python scripts/bench/bf16.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--quick]
+    python -m tools.bench.bf16 [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--quick]
 
 (engine)  vLLM alone generating the same chat-templated prompts (ignore_eos, so every
           completion has max_tokens): generated tok/s with model.dtype float32 vs bfloat16.
@@ -21,13 +21,13 @@ import time
 
 import ray
 import torch
-from _reference import batches_for, bench_vllm, conversation_trace
 
 from rollout.agents.client import ChatFormat
 from rollout.config import RayConfig, make_task_source
 from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray
+from tools.bench.reference import batches_for, bench_vllm, conversation_trace
 from trainer.config import LearnerConfig, LossConfig, compose
 from trainer.learner_group import LearnerGroup
 

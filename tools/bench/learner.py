@@ -1,6 +1,6 @@
 """Benchmark the learner side, each comparison measured side by side in one run.
 
-    python scripts/bench/learner.py [--models tiny,smollm2_135m] [--sections a,b,c] [--quick]
+    python -m tools.bench.learner [--models tiny,smollm2_135m] [--sections a,b,c] [--quick]
 
 (a) trained tokens/s: LearnerGroup (2 DeepSpeed ranks on Ray, ZeRO-2; and 1 rank with
     both cores, ZeRO-0, as `make train` runs it: a_throughput_ws1) vs a plain
@@ -35,7 +35,6 @@ from contextlib import ExitStack
 
 import ray
 import torch
-from _reference import PlainLoop, batches_for, conversation_trace, memcpy_s
 
 from rollout.agents.client import ChatFormat
 from rollout.config import RayConfig
@@ -43,6 +42,7 @@ from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray
 from rollout.orchestration.fleet import RolloutFleet
+from tools.bench.reference import PlainLoop, batches_for, conversation_trace, memcpy_s
 from trainer.config import LearnerConfig, LossConfig, compose
 from trainer.learner_group import LearnerGroup
 from trainer.losses import microbatch_loss

@@ -1,12 +1,12 @@
 """What each fault costs a run: the same short run without a fault and with one fault at a time.
 
-    python scripts/bench/faults.py [--steps 5] [--faults engine_killed,worker_killed,...]
+    python -m tools.bench.faults [--steps 5] [--faults engine_killed,worker_killed,...]
                                    [--cores process,thread] [--quick]
 
 The run is the fault test's (tests/trainer/test_faults.py): the smoke experiment with
 solver_verifier, the verifier on a frozen engine, 64 traces per step, a 2 s health check. Each
 fault hits half a second into step 2's rollout, through the same injection helpers as the test
-(rollout/testing/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
+(tools/faults.py): SIGKILL of the trained policy's engine, of the frozen policy's engine, of both
 half a second apart, of the rollout worker; SIGSTOP of an engine (alive, never answers: the
 watchdog must find it); and all of them in turn in one run (`in_turn`, 6 steps: the main engine
 killed in step 2, the worker in step 3, the frozen engine stopped in step 4, both engines killed in
@@ -36,7 +36,7 @@ import ray
 from rollout.config import RayConfig
 from rollout.log import setup_logging
 from rollout.orchestration.cluster import start_ray
-from rollout.testing.faults import Injector
+from tools.faults import Injector
 from trainer.config import compose
 from trainer.loop import train
 
@@ -55,7 +55,7 @@ ENGINE_KILLED = ("tracerl-engine-main-0-", "info", "kill")
 FROZEN_ENGINE_KILLED = ("tracerl-engine-frozen-0-", "info", "kill")
 WORKER_KILLED = ("tracerl-worker-0-", "stats", "kill")
 # name -> [(after step, actor name prefix, the actor method that answers its pid, psutil action)]:
-# each struck once its step's rollout has begun (rollout/testing/faults.py), those of a step 0.5 s apart
+# each struck once its step's rollout has begun (tools/faults.py), those of a step 0.5 s apart
 FAULTS = {
     "none": [],
     "engine_killed": [(1, *ENGINE_KILLED)],

@@ -3,9 +3,9 @@
 Each payload is scored through the task's own `score()` (the shipped tasks: our own parse and
 checks, in process; another dataset's answer goes on to its sandboxed verifier); the median of a
 few calls is reported in milliseconds, with the gold answer's time beside it for scale.
-scripts/bench/reward_hacks.py is its companion: answers built to be paid, not to run code.
+tools/bench/reward_hacks.py is its companion: answers built to be paid, not to run code.
 
-    .venv/bin/python scripts/bench/hostile.py [--quick]
+    .venv/bin/python -m tools.bench.hostile [--quick]
 
 The last line printed is one JSON object: {"hostile_ms": {task: {payload: ms}}, ...}.
 """
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from harnesses.tasks.reasoning_gym import ReasoningGymTasks
-from harnesses.testing.hostile_answers import TASKS, payloads
 from harnesses.verifiers.sandbox import SandboxError
 from rollout.log import setup_logging
+from tools.corpora.hostile_answers import TASKS, payloads
 
 
 def median_ms(score, text: str, repeats: int) -> float | str:

@@ -1,10 +1,10 @@
-"""What the benches measure against, imported by them as a sibling module (`from _reference import ...`):
+"""What the benches measure against, imported by them as `from tools.bench.reference import ...`:
 
-- `bench_vllm`: vLLM alone (scripts/bench/rollout_path.py, bf16.py). It generates in this process,
+- `bench_vllm`: vLLM alone (tools/bench/rollout_path.py, bf16.py). It generates in this process,
   every prompt submitted at once, with the engine args, sampling and engine core (`engine.core`:
   vLLM's AsyncLLM, or its LLMEngine on a thread) the Engine actor uses, so the difference to the
   rollout path is the path's own cost.
-- `PlainLoop`, `memcpy_s`, `conversation_trace`, `batches_for` (scripts/bench/learner.py, bf16.py,
+- `PlainLoop`, `memcpy_s`, `conversation_trace`, `batches_for` (tools/bench/learner.py, bf16.py,
   e2e.py): a plain single-process torch loop, a plain memory copy (a weight sync's floor), and
   synthetic multi-turn conversations packed the way the learner packs them."""
 

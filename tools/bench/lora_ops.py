@@ -1,6 +1,6 @@
 """Benchmark vLLM's CPU LoRA path: vLLM's own ops vs tracerl's grouped ops (rollout/engine/lora_ops.py).
 
-    python scripts/bench/lora_ops.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--rank 16] [--quick]
+    python -m tools.bench.lora_ops [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--rank 16] [--quick]
 
 One engine (this process's AsyncLLM, the engine args training uses) with two random rank-16
 adapters on the attention and MLP projections, once per variant (TRACERL_LORA_CPU_OPS=vllm, then

@@ -1,5 +1,5 @@
 """Fault injection on the real stack, shared by tests/trainer/test_faults.py, tests/trainer/test_loop.py
-and scripts/bench/faults.py: find a run's actor process by name, wait for a step of a run, and
+and tools/bench/faults.py: find a run's actor process by name, wait for a step of a run, and
 kill or stop the process (and later clean up what Ray's restart left behind)."""
 
 from __future__ import annotations

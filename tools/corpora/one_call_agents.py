@@ -1,5 +1,5 @@
 """Two OpenAI-SDK agents that make single_turn's one chat call, for the openai_agent harness
-(`harness.options.agent=harnesses.testing.one_call_agents.one_call`): scripts/bench/rollout_path.py times
+(`harness.options.agent=tools.corpora.one_call_agents.one_call`): tools/bench/rollout_path.py times
 the gateway path with them against the plain client path."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ token count. Both are refused (400), so no engine is needed. Reported: the ticke
 past its 10 ms while the request was answered, and with no request (the machine's own noise).
 Goal: < 100 ms for the 5 MiB request. The review measured 15.4 s (SmolLM2, a loaded box).
 
-    python scripts/bench/gateway_stall.py [--quick]   # --quick: the tiny tokenizer, the 5 MiB request
-    PYTHONPATH=<an older checkout> python scripts/bench/gateway_stall.py   # the same against other code
+    python -m tools.bench.gateway_stall [--quick]   # --quick: the tiny tokenizer, the 5 MiB request
+    PYTHONPATH=<an older checkout> python -m tools.bench.gateway_stall   # the same against other code
 
 The last line is one JSON object (`code`: the gateway module measured).
 """

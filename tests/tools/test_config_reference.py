@@ -1,4 +1,4 @@
-"""docs/config.md is what scripts/config_reference.py writes from the config dataclasses now:
+"""docs/config.md is what tools/config_reference.py writes from the config dataclasses now:
 a key added (or a comment changed) without regenerating fails here, and every key has a line."""
 
 import dataclasses
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.config_reference import reference
+from tools.config_reference import reference
 from trainer.config import TrainJobConfig
 
 pytestmark = pytest.mark.unit
@@ -15,14 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_config_reference_is_up_to_date():
-    from scripts.config_reference import OUT
+    from tools.config_reference import OUT
 
-    assert OUT.read_text() == reference(), "docs/config.md is stale: run python scripts/config_reference.py"
+    assert OUT.read_text() == reference(), "docs/config.md is stale: run python tools/config_reference.py"
 
 
 def test_every_key_has_a_type_a_default_and_a_description():
     from rollout.config import PolicyConfig
-    from scripts.config_reference import rows
+    from tools.config_reference import rows
     from trainer.config import TrainJobConfig
 
     entries = rows(TrainJobConfig, "", None) + rows(PolicyConfig, "policies.<name>.", None)
@@ -37,7 +37,7 @@ class WithNewKey(TrainJobConfig):
 
 def test_a_new_field_makes_the_page_stale():
     """The page is made from the schema itself: one more field, and it differs."""
-    from scripts.config_reference import OUT
+    from tools.config_reference import OUT
 
     page = reference(WithNewKey)
     assert "| `new_key` | int | `7` |  | a key added without regenerating the page |" in page

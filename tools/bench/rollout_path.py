@@ -1,6 +1,6 @@
 """Benchmark: generated tokens/s through the full rollout path vs vLLM's own generate.
 
-    python scripts/bench/rollout_path.py [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--quick]
+    python -m tools.bench.rollout_path [--model smollm2_135m] [--prompts 32] [--max-tokens 64] [--quick]
 
 Same prompts (single_turn on chain_sum, chat-templated), same engine args and
 sampling, one run, one after the other:
@@ -15,7 +15,7 @@ Each side is warmed up, then timed `--rounds` times; the best round counts. The 
 fleets take turns, round by round, one up at a time (vLLM alone runs first, in this
 process); the ratios to the path pair each round with the path's round of the same turn.
 `--quick`: the tiny model, 4 prompts of 8 tokens, one round, the fleets alone (vLLM alone is
-_reference.bench_vllm, which bf16.py's quick run runs; no ratios to it): the test suite's run.
+reference.bench_vllm, which bf16.py's quick run runs; no ratios to it): the test suite's run.
 The last output line is one JSON object.
 """
 
@@ -27,7 +27,6 @@ import statistics
 import time
 
 import ray
-from _reference import bench_vllm
 
 from rollout.agents.client import ChatFormat
 from rollout.config import GenerateJobConfig, make_task_source
@@ -35,6 +34,7 @@ from rollout.log import setup_logging
 from rollout.models import resolve_model
 from rollout.orchestration.cluster import start_ray
 from rollout.orchestration.fleet import RolloutFleet
+from tools.bench.reference import bench_vllm
 from trainer.config import compose
 
 
@@ -79,7 +79,7 @@ def configs(args: argparse.Namespace) -> dict[str, GenerateJobConfig]:
         "ray.num_cpus=4",
     ]
     sides = {"gateway": "one_call", **({} if args.quick else {"own_client": "one_call_own_client"})}
-    agent = "harness.options.agent=harnesses.testing.one_call_agents."
+    agent = "harness.options.agent=tools.corpora.one_call_agents."
     return {
         "path": compose("generate", ["harness=single_turn", *common]),
         **{side: compose("generate", ["harness=openai_agent", agent + fn, *common]) for side, fn in sides.items()},

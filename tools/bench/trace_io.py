@@ -1,6 +1,6 @@
 """Benchmark: writing and loading (with full validation) a large traces.jsonl.
 
-    python scripts/bench/trace_io.py [--mb 100] [--rounds 3] [--quick]
+    python -m tools.bench.trace_io [--mb 100] [--rounds 3] [--quick]
 
 Builds synthetic traces shaped like a multi-agent run (3 sequences each: a
 prompt of 200 tokens, 60 generated tokens with their log-probs, agent rewards,

@@ -53,9 +53,10 @@ bench-quick: setup
 	  $(PY) -m tools.bench.$$b --quick > $$log 2>&1 || { tail -40 $$log; rm -f $$log; exit 1; }; tail -1 $$log; \
 	done; rm -f $$log
 
-# The GPU readiness check (scripts/gpu_check.sh): no setup first, its transport stage needs only torch.
+# The GPU readiness check (tools/gpu_check/): no setup first, its transport stage needs only torch. Its stage
+# runner is standard library only (any python3); the stages run in PYTHON (.venv/bin/python if there).
 gpu-check:
-	bash scripts/gpu_check.sh
+	python3 -m tools.gpu_check
 
 clean:
 	rm -rf $(VENV) $(VENV)-cpu .pytest_cache

@@ -1,6 +1,6 @@
 """The weight group's same-device path (ipc) as production uses it, torch only (GPU review §6.2).
 
-Learner rank 0 and the engine workers are stood in for by processes (scripts/gpu_check_ipc_roles.py;
+Learner rank 0 and the engine workers are stood in for by processes (tools/gpu_check/roles.py;
 on a GPU spawned, each masked to GPU 0 before CUDA starts, as Ray masks them; on CPU forked from a
 server that imported torch once, see `child_context`) that open
 real WeightGroups (rollout/engine/weight_group.py). Every push carries new bytes (seeded by version, bucket and
@@ -25,10 +25,11 @@ its own deadline, then a last line with every case's status:
               gloo group choose_transports gives such members instead: exact
 
 On CPU the ipc path is the same protocol over POSIX shared memory, and the GPU-only cases are
-skipped, saying so. Exits 0 iff every case that ran held. From the repository root, needing torch:
+skipped, saying so. Exits 0 iff every case that ran held. From the repository root, needing torch
+(the `ipc` stage of `python -m tools.gpu_check` runs it so):
 
-    PYTHONPATH=. python scripts/gpu_check_ipc.py --device cuda --out gpu_check_out
-    PYTHONPATH=. python scripts/gpu_check_ipc.py --device cpu --cases hop,retain
+    python -m tools.gpu_check.ipc --device cuda --out gpu_check_out
+    python -m tools.gpu_check.ipc --device cpu --cases hop,retain
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import socket
 import sys
 import time
 from pathlib import Path
@@ -47,7 +47,8 @@ from pathlib import Path
 import torch
 
 from rollout.engine.weight_group import offsets
-from scripts.gpu_check_ipc_roles import child, child_context, layout_of, nbytes_of
+from tools.gpu_check.roles import child, child_context, layout_of, nbytes_of
+from trainer.rank_env import free_port
 from trainer.weight_transport import choose_transports
 
 CASES = ("env", "hop", "retain", "members2", "reopen", "death", "vllm-like", "fit", "expandable", "big", "dupgpu")
@@ -136,12 +137,6 @@ def run(procs: list[dict], deadline_s: float) -> tuple[dict, str | None]:
                 h.join(timeout=10)
     crashed = [f"{r}: {v['crashed']}" for r, v in results.items() if "crashed" in v]
     return results, error or ("; ".join(crashed) if crashed else None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------------------- the cases

@@ -1,9 +1,9 @@
-"""GPU check, stage `stack` (scripts/gpu_check.sh): one engine, one learner rank, a weight push
+"""GPU check, stage `stack` (`python -m tools.gpu_check`): one engine, one learner rank, a weight push
 through the policy's own weight sync, and log-prob parity between engine and learner.
 
-    python scripts/gpu_check_stack.py --device cuda --out stack.json      # cluster=gpu: one GPU shared
-    python scripts/gpu_check_stack.py --device cpu --out /tmp/stack.json
-    python scripts/gpu_check_stack.py --device cuda --out s.json model=smollm2_135m   # + hydra overrides
+    python -m tools.gpu_check.stack --device cuda --out stack.json      # cluster=gpu: one GPU shared
+    python -m tools.gpu_check.stack --device cpu --out /tmp/stack.json
+    python -m tools.gpu_check.stack --device cuda --out s.json model=smollm2_135m   # + hydra overrides
 
 The run is experiment=smoke with one learner rank, started as scripts/train.py starts one
 (RolloutFleet, then TrainedPolicy), so the push goes through whatever weight sync

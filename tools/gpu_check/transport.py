@@ -1,9 +1,9 @@
-"""Stage 1 of scripts/gpu_check.sh: the weight transport alone, torch, rollout/engine/weight_group.py and
-trainer/weight_transport.py only.
+"""Stage `transport` of `python -m tools.gpu_check`: the weight transport alone, torch,
+rollout/engine/weight_group.py and trainer/weight_transport.py only.
 
 Learner rank 0 and engine workers are stood in for by plain processes that open a real
 `WeightGroup` and push a model-sized set of tensors (other bytes in every push, so each receiver
-checks every byte of every version; scripts/gpu_check_ipc.py drives the ipc path further):
+checks every byte of every version; tools/gpu_check/ipc.py drives the ipc path further):
 
 - `ipc`: sender and receiver on one device (CUDA IPC on a GPU; POSIX shared memory on CPU);
 - `nccl`: sender on GPU 0, receiver on GPU 1 (skipped, with the reason, on fewer than two GPUs);
@@ -12,9 +12,9 @@ checks every byte of every version; scripts/gpu_check_ipc.py drives the ipc path
 
 Each case reports exactness and GB/s of the best of `--pushes` pushes, beside a device-to-device
 copy of the same bytes. Writes OUT/transport.json; prints it as the last line; exits 0 iff every
-case that ran held. Runs from the repo root with `PYTHONPATH=.` on a box that has only torch:
+case that ran held. Runs from the repository root on a box that has only torch:
 
-    PYTHONPATH=. python scripts/gpu_check_transport.py --device cuda --out gpu_check_out
+    python -m tools.gpu_check.transport --device cuda --out gpu_check_out
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,8 @@ import torch
 
 from rollout.engine.weight_group import GroupPlan, WeightGroup, device_identity
 from rollout.log import setup_logging
-from scripts.gpu_check_ipc_roles import bucket_data, child_context, layout_of, same_bytes
+from tools.gpu_check.roles import bucket_data, child_context, layout_of, same_bytes
+from trainer.rank_env import free_port
 from trainer.weight_transport import choose_transport, staging_for
 
 
@@ -82,12 +82,6 @@ def receiver(member: int, device: str, layout: list, pushes: int, plans: mp.Queu
         }
     )
     group.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def push_case(transport: str, send_dev: str, recv_dev: str, layout: list, pushes: int, limit_s: float) -> dict:

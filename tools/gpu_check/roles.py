@@ -1,10 +1,10 @@
-"""The processes scripts/gpu_check_ipc.py starts, one role each: learner rank 0 (`sender`), an engine
+"""The processes tools/gpu_check/ipc.py starts, one role each: learner rank 0 (`sender`), an engine
 worker (`member`), a neighbour computing on the device (`load`), and the machine-level cases' own
 (`fit`, `nccl_pair`, `environment`). Each is `child(role's name, spec, inbox, outbox)` in a process
 of `child_context(device)`: it reports one result (or what it crashed with) on `outbox`; plans and
-"done" come on `inbox`.
-Torch and the weight push's two modules only (rollout/engine/weight_group.py, trainer/weight_transport.py),
-like the script.
+"done" come on `inbox`. The layouts, bucket bytes and `child_context` serve transport.py too.
+Torch, the standard library and the weight push's two modules only (rollout/engine/weight_group.py,
+trainer/weight_transport.py), like the stages that import it.
 """
 
 from __future__ import annotations
@@ -336,7 +336,7 @@ def child_context(device: str):
     its GPU and reads PYTORCH_CUDA_ALLOC_CONF (set around its start) before CUDA starts, as Ray's
     workers do. On CPU, with no CUDA and no allocator settings to read, forked from a server that
     imported torch and these modules once: a spawned child's `import torch` (~2.3 CPU-s) was nearly
-    all of what the CPU form cost (20 children in gpu_check_ipc.py); the protocol is the same."""
+    all of what the CPU form cost (20 children in ipc.py); the protocol is the same."""
     if device == "cuda":
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")

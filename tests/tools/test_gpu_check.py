@@ -1,8 +1,9 @@
-"""scripts/gpu_check.sh, the GPU readiness check, run here in its CPU form.
+"""`python -m tools.gpu_check`, the GPU readiness check, run here in its CPU form, from the repository
+root and without PYTHONPATH (as `make gpu-check` runs it).
 
 The env, transport and ipc stages run for real on this machine (the transport in its gloo form, with
-torch, rollout/engine/weight_group.py and trainer/weight_transport.py only; scripts/gpu_check_ipc.py's
-cases over POSIX shared memory, its GPU-only cases skipped). The script's own machinery — a stage that fails, one
+torch, rollout/engine/weight_group.py and trainer/weight_transport.py only; tools/gpu_check/ipc.py's
+cases over POSIX shared memory, its GPU-only cases skipped). The stage runner's own machinery — a stage that fails, one
 that overruns its deadline (and a process of it that left its process group), one skipped for
 lack of budget, an unknown stage name — is driven through PYTHON= pointing at a small shell
 script standing in for the interpreter, so those cases are exact and cost seconds.
@@ -18,15 +19,18 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+# tests/conftest.py puts the root on PYTHONPATH for Ray's workers; the check must not need it
+NO_PYTHONPATH = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def gpu_check(out: Path, timeout_s: float = 600, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_check.sh")],
+        [sys.executable, "-m", "tools.gpu_check"],
         capture_output=True,
         text=True,
         timeout=timeout_s,
-        env={**os.environ, "OUT": str(out), "DEVICE": "cpu", **env},
+        cwd=ROOT,
+        env={**NO_PYTHONPATH, "OUT": str(out), "DEVICE": "cpu", **env},
     )
 
 
@@ -47,7 +51,7 @@ CPU_CASES = ("env", "hop", "retain", "members2", "reopen", "death", "vllm-like",
 
 @pytest.mark.e2e
 def test_env_transport_and_ipc_stages_on_cpu(tmp_path):
-    """The ipc stage is scripts/gpu_check_ipc.py (GPU review §6.2): every case that applies on CPU
+    """The ipc stage is tools/gpu_check/ipc.py (GPU review §6.2): every case that applies on CPU
     holds over shared memory (the plan relayed through a process that never starts CUDA, members
     that keep every tensor, two members, three group generations leaving no shared memory behind,
     a member killed mid-push failing the sender's push at its timeout and the next generation
@@ -61,7 +65,7 @@ def test_env_transport_and_ipc_stages_on_cpu(tmp_path):
     assert env["torch"]["version"] == torch.__version__ and env["torch"]["available"] is False
     assert env["python"].startswith("Python 3.") and env["registry"]
     assert stages["transport"]["status"] == "ok", (stages["transport"], run.stdout[-2000:], run.stderr[-2000:])
-    transport = stages["transport"]["details"]  # $OUT/transport.json, written by the transport script
+    transport = stages["transport"]["details"]  # $OUT/transport.json, written by the transport stage
     assert transport == json.loads((out / "transport.json").read_text())
     assert "gloo" in json.dumps(transport), "on CPU the transport checks run in their gloo form"
     assert stages["ipc"]["status"] == "ok", (stages["ipc"], (out / "ipc.log").read_text()[-3000:])
@@ -95,13 +99,13 @@ def test_an_ipc_case_past_its_deadline_is_ended_and_recorded_and_the_others_stil
     deadline the death case is ended there (its processes killed), recorded as a timeout naming
     what did not report, and the next case still runs; one JSON line per case, then the verdict."""
     run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check_ipc.py"), "--device", "cpu"]
+        [sys.executable, "-m", "tools.gpu_check.ipc", "--device", "cpu"]
         + ["--cases", "death,fit", "--deadline-s", "3"],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=NO_PYTHONPATH,
     )
     lines = [json.loads(line) for line in run.stdout.splitlines()]
     assert [line.get("case") for line in lines] == ["death", "fit", None], run.stderr[-2000:]
@@ -115,12 +119,12 @@ def test_an_ipc_case_past_its_deadline_is_ended_and_recorded_and_the_others_stil
 @pytest.mark.unit
 def test_an_unknown_ipc_case_is_refused_naming_the_cases():
     run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check_ipc.py"), "--device", "cpu", "--cases", "hop,bogus"],
+        [sys.executable, "-m", "tools.gpu_check.ipc", "--device", "cpu", "--cases", "hop,bogus"],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=NO_PYTHONPATH,
     )
     assert run.returncode == 2 and "unknown case(s) ['bogus']" in run.stderr and "expandable" in run.stderr
 

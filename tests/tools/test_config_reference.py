@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_config_reference_is_up_to_date():
     from tools.config_reference import OUT
 
-    assert OUT.read_text() == reference(), "docs/config.md is stale: run python tools/config_reference.py"
+    assert OUT.read_text() == reference(), "docs/config.md is stale: run python -m tools.config_reference"
 
 
 def test_every_key_has_a_type_a_default_and_a_description():

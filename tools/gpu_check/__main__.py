@@ -151,8 +151,13 @@ def stage_smoke(py: str, out: Path, device: str) -> int:
     return rc
 
 
-STAGE_FUNCS = {"env": stage_env, "transport": stage_transport, "ipc": stage_ipc, "stack": stage_stack}
-STAGE_FUNCS["smoke"] = stage_smoke
+STAGE_FUNCS = {
+    "env": stage_env,
+    "transport": stage_transport,
+    "ipc": stage_ipc,
+    "stack": stage_stack,
+    "smoke": stage_smoke,
+}
 
 
 def one_stage(name: str) -> int:
@@ -190,7 +195,8 @@ class Check:
             return f"out of time budget: {self.left()}s left of BUDGET_S={self.budget_s}; rerun with STAGES={name}"
         return ""
 
-    def stage_env(self, name: str) -> dict[str, str]:
+    def environ(self, name: str) -> dict[str, str]:
+        """A stage's environment: what it reads (OUT, PY, DEVICE), quiet libraries, and its marker."""
         return {
             **os.environ,
             "ROOT": str(ROOT),
@@ -214,12 +220,13 @@ class Check:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tools.gpu_check", "__stage", name],
                 cwd=ROOT,
-                env=self.stage_env(name),
+                env=self.environ(name),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
             rc, ended = wait_or_end(proc, limit)
+        rc = 128 - rc if rc < 0 else rc  # killed by signal N (not by us): 128 + N, as a shell reports it
         reap(f"{self.run_id}-{name}")
         cap_log(log_path)
         seconds = self.seconds() - t0

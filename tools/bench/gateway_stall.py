@@ -11,7 +11,10 @@ past its 10 ms while the request was answered, and with no request (the machine'
 Goal: < 100 ms for the 5 MiB request. The review measured 15.4 s (SmolLM2, a loaded box).
 
     python -m tools.bench.gateway_stall [--quick]   # --quick: the tiny tokenizer, the 5 MiB request
-    PYTHONPATH=<an older checkout> python -m tools.bench.gateway_stall   # the same against other code
+    PYTHONPATH=<an older checkout> python tools/bench/gateway_stall.py   # the same against other code
+
+(by path, as the second line: `-m` would put this checkout's rollout/ first on sys.path; this bench
+imports nothing of tools/.)
 
 The last line is one JSON object (`code`: the gateway module measured).
 """

@@ -46,20 +46,25 @@ train: setup
 smoke: setup
 	$(PY) scripts/train.py experiment=smoke run_dir=runs/smoke $(ARGS)
 
+# The benches are modules of tools/bench/, run from the checkout (tools/ is not in the wheel).
 bench: setup
-	$(PY) scripts/bench/rollout_path.py
-	$(PY) scripts/bench/learner.py
-	$(PY) scripts/bench/bf16.py
-	$(PY) scripts/bench/e2e.py
+	$(PY) -m tools.bench.rollout_path
+	$(PY) -m tools.bench.learner
+	$(PY) -m tools.bench.bf16
+	$(PY) -m tools.bench.e2e
 
 # Every bench once with --quick (tiny model, a few iterations; ~10 minutes on 2 cores): each one's JSON line.
+# tools/bench/reference.py is what they measure against, not a bench.
 bench-quick: setup
-	@log=$$(mktemp); for b in scripts/bench/*.py; do echo "== $$b --quick"; \
-	  $(PY) $$b --quick > $$log 2>&1 || { tail -40 $$log; rm -f $$log; exit 1; }; tail -1 $$log; done; rm -f $$log
+	@log=$$(mktemp); for f in tools/bench/*.py; do b=$$(basename $$f .py); \
+	  case $$b in __init__|reference) continue;; esac; echo "== tools.bench.$$b --quick"; \
+	  $(PY) -m tools.bench.$$b --quick > $$log 2>&1 || { tail -40 $$log; rm -f $$log; exit 1; }; tail -1 $$log; \
+	done; rm -f $$log
 
-# The GPU readiness check (scripts/gpu_check.sh): no setup first, its transport stage needs only torch.
+# The GPU readiness check (tools/gpu_check/): no setup first, its transport stage needs only torch. Its stage
+# runner is standard library only (any python3); the stages run in PYTHON (.venv/bin/python if there).
 gpu-check:
-	bash scripts/gpu_check.sh
+	python3 -m tools.gpu_check
 
 clean:
 	rm -rf $(VENV) $(VENV)-cpu .pytest_cache

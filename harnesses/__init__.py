@@ -1,3 +1,3 @@
 """The user's room: `base.py` (the harness API: TaskSource, Task, load_harness, the Agent protocols), the
-harness programs (`programs/`), the task sources (`tasks/`), the verifiers with the answer grammar and the
-sandbox (`verifiers/`), and the hostile-answer corpora tests and benches use (`testing/`)."""
+harness programs (`programs/`), the task sources (`tasks/`), and the verifiers with the answer grammar and the
+sandbox (`verifiers/`)."""

@@ -1,5 +1,5 @@
-"""No function of the library or the scripts is longer than 60 lines (STYLE.md: a function reads as
-the steps it takes; `trainer/loop.py` train was back to 104 before issue 41 split it)."""
+"""No function of the library, the tools or the scripts is longer than 60 lines (STYLE.md: a function
+reads as the steps it takes; `trainer/loop.py` train was back to 104 before issue 41 split it)."""
 
 import ast
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rollout", "trainer", "harnesses", "scripts", "studies")
+PACKAGES = ("rollout", "trainer", "harnesses", "scripts", "studies", "tools")
 MAX_LINES = 60
 
 

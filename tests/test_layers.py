@@ -1,13 +1,17 @@
-"""Imports point down only: between the top-level packages (studies > trainer > rollout > harnesses), between
-rollout/'s rooms (orchestration > agents > engine > the lobby: config, trace, ...) and between studies/' rooms.
+"""Imports point down only: between the top-level packages (studies | tools > trainer > rollout >
+harnesses), and inside each between its rooms and modules (rollout/: orchestration > gateway > agents >
+engine > the lobby: config, trace, ...; trainer/, harnesses/, studies/, tools/ likewise).
 
-harnesses/ are the user's plugins, rollout/ runs them, trainer/ drives rollout/; studies/ (the research
-studies, run from the checkout, out of the wheel) use the product, which never imports them. Inside rollout/, the
+harnesses/ are the user's plugins, rollout/ runs them, trainer/ drives rollout/: the product. studies/
+(research with the product) and tools/ (the workshop: benches, the GPU check, the corpora, fault
+injection, the config reference) sit beside it, run from the checkout, out of the wheel: they use the
+product, which never imports them, and not each other. Inside rollout/, the
 orchestration drives the agents, which call the engines; every room may use the lobby, which imports no
 room (docs/development.md). The graph is grimp's (import-linter's library), which sees every import
 statement, including the lazy ones inside functions and those under TYPE_CHECKING; `make lint` checks the
 same rules with import-linter's `layers` contracts (pyproject.toml, [tool.importlinter])."""
 
+import ast
 import tomllib
 from pathlib import Path
 
@@ -16,13 +20,19 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-LAYERS = ("studies", "trainer", "rollout", "harnesses")  # highest first
-PRODUCT = ("trainer", "rollout", "harnesses")  # the wheel
+LAYERS = (
+    ("studies", "tools"),
+    ("trainer",),
+    ("rollout",),
+    ("harnesses",),
+)  # highest first; a group's don't import each other
+PACKAGES = tuple(p for group in LAYERS for p in group)
+PRODUCT = ("rollout", "trainer", "harnesses")  # the wheel (pyproject.toml); tools/ and studies/ are the workshop
 # Layers inside a package, highest first: each a group of its children; the children of a group listed
 # in INDEPENDENT do not import each other, those of another group may.
 CONTAINED = {
     "rollout": (  # its rooms and the lobby
-        ("orchestration", "testing"),
+        ("orchestration",),
         ("gateway",),
         ("agents",),
         ("engine",),
@@ -49,14 +59,15 @@ CONTAINED = {
         ("packing", "checks", "ledger"),
         ("config",),
     ),
-    "harnesses": (("testing",), ("programs",), ("tasks",), ("verifiers",), ("base",)),
+    "harnesses": (("programs",), ("tasks",), ("verifiers",), ("base",)),
     # the checks over the studies, the two studies, their shared driver and contrasts, items, statistics
     "studies": (("results_check", "plot_results"), ("team", "relay"), ("study", "contrasts"), ("items",), ("stats",)),
+    # the tools stand on the corpora and the fault injection
+    "tools": (("bench", "gpu_check", "config_reference"), ("corpora", "faults")),
 }
 # The groups whose children do not import each other (a `|` in pyproject.toml); the lobby's `:` lets its
 # modules import each other.
 INDEPENDENT = {
-    ("orchestration", "testing"),
     ("cluster", "watchdog"),
     ("router", "buffer"),
     ("chat", "responses"),
@@ -68,24 +79,27 @@ INDEPENDENT = {
     ("results_check", "plot_results"),
     ("team", "relay"),
     ("study", "contrasts"),
+    ("bench", "gpu_check", "config_reference"),
+    ("corpora", "faults"),
 }
 
 
 @pytest.fixture(scope="module")
 def graph():
-    return grimp.build_graph(*LAYERS, cache_dir=None)
+    return grimp.build_graph(*PACKAGES, cache_dir=None)
 
 
 def test_no_import_goes_up_the_layers(graph):
     upward = [
         f"{i['importer']} -> {i['imported']} (line {line['line_number']}: {line['line_contents']})"
-        for k, lower in enumerate(LAYERS)
-        for higher in LAYERS[:k]
+        for k, group in enumerate(LAYERS)
+        for lower in group
+        for higher in [p for g in LAYERS[:k] for p in g] + [p for p in group if p != lower]
         for i in graph.find_matching_direct_imports(import_expression=f"{lower}.** -> {higher}.**")
         for line in graph.get_import_details(importer=i["importer"], imported=i["imported"])
     ]
     assert not upward, (
-        "imports that go up the layers studies > trainer > rollout > harnesses (hand the lower layer "
+        "imports that go up the layers studies | tools > trainer > rollout > harnesses (hand the lower layer "
         "what it needs instead, as the rollout worker hands harnesses the gateway):\n" + "\n".join(upward)
     )
 
@@ -148,12 +162,13 @@ def test_the_contracts_match_these_lists():
             stated[c["containers"][0]] = (groups, independent, c["exhaustive"])
     expected = {k: (v, {g for g in v if g in INDEPENDENT}, True) for k, v in CONTAINED.items()}
     assert stated == expected
-    assert any(c["layers"] == list(LAYERS) and "containers" not in c for c in contracts)
+    assert any(c["layers"] == [" | ".join(g) for g in LAYERS] and "containers" not in c for c in contracts)
 
 
 def test_the_development_tree_names_every_module():
-    """docs/development.md's tree has one line per module of the packages, studies/ and scripts/ (the package
-    __init__.py files left out), and no line for a module that is gone."""
+    """docs/development.md's tree has one line per module of the packages, studies/, tools/ and scripts/
+    (the package __init__.py files left out, tools/gpu_check/__main__.py named), and no line for a module
+    that is gone."""
     import re
 
     root = Path(__file__).resolve().parents[1]
@@ -169,7 +184,7 @@ def test_the_development_tree_names_every_module():
             listed.add("".join(folders[:depth]) + name)
     modules = {
         str(p.relative_to(root))
-        for top in ("rollout", "trainer", "harnesses", "scripts", "studies")
+        for top in ("rollout", "trainer", "harnesses", "studies", "tools", "scripts")
         for p in (root / top).rglob("*.py")
         if p.name != "__init__.py"
     }
@@ -220,21 +235,63 @@ def test_the_graph_counts_lazy_imports(graph):
     assert graph.direct_import_exists(importer="trainer.evaluation", imported="rollout.orchestration.fleet")
 
 
-def test_scripts_import_only_installed_packages():
-    """scripts/ run against the installed packages (pip install .): no sys.path edits, nothing from tests/."""
-    import ast
+def imported_names(node: ast.AST) -> list[str]:
+    """The modules an import statement names ([] for any other node); a relative import's as `.name`."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return ["." * node.level + (node.module or "")]
+    return []
 
+
+# The user's doors import only the product: nothing from the workshop (tools/, studies/), from tests/,
+# or from scripts/ itself (a script is thin glue over the packages, STYLE.md)
+NOT_FOR_SCRIPTS = ("tests", "tools", "studies", "scripts")
+
+
+def test_scripts_import_only_installed_packages():
+    """scripts/ run against the installed packages (pip install .): no sys.path edits, no module loaded
+    from a file path (importlib.util.spec_from_file_location), nothing from tests/, tools/, studies/ or
+    scripts/, and no bare import of a sibling script (`from relay import ...`)."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    siblings = {p.stem for p in scripts.rglob("*.py")}
     found = []
-    for path in sorted((Path(__file__).resolve().parents[1] / "scripts").rglob("*.py")):
+    for path in sorted(scripts.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys":
                 found.append(f"{path.name}:{node.lineno}: sys.path")
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else []
-            )
-            found += [f"{path.name}:{node.lineno}: imports {n}" for n in names if n.split(".")[0] == "tests"]
+            if (isinstance(node, ast.Attribute) and node.attr == "spec_from_file_location") or (
+                isinstance(node, ast.Name) and node.id == "spec_from_file_location"
+            ):
+                found.append(f"{path.name}:{node.lineno}: spec_from_file_location")
+            for n in imported_names(node):
+                top = n.split(".")[0]
+                if n.startswith(".") or top in NOT_FOR_SCRIPTS or top in siblings:
+                    found.append(f"{path.name}:{node.lineno}: imports {n}")
     assert not found, found
+
+
+def test_the_product_imports_no_workshop():
+    """rollout/, trainer/ and harnesses/ (the wheel) import nothing from tools/, studies/, scripts/ or
+    tests/, lazily or not: those are not installed."""
+    root = Path(__file__).resolve().parents[1]
+    found = [
+        f"{path.relative_to(root)}:{node.lineno}: imports {n}"
+        for package in PRODUCT
+        for path in sorted((root / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        for n in imported_names(node)
+        if n.split(".")[0] in NOT_FOR_SCRIPTS
+    ]
+    assert not found, found
+
+
+def test_the_import_checks_see_what_they_refuse():
+    """The two tests above find each kind of import they refuse."""
+    source = "import tools.bench\nfrom studies.team import x\nfrom . import y\nimport scripts.relay as r\n"
+    assert [n for node in ast.walk(ast.parse(source)) for n in imported_names(node)] == [
+        "tools.bench",
+        "studies.team",
+        ".",
+        "scripts.relay",
+    ]

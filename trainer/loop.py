@@ -308,7 +308,7 @@ def log_step(
     loop: LoopConfig,
 ) -> None:
     """The step's row in metrics.jsonl (and wandb) and its status line; every so often its traces
-    to run_dir/rollouts/ (for the trace viewer and scripts/bench/e2e.py) and a few to wandb."""
+    to run_dir/rollouts/ (for the trace viewer and tools/bench/e2e.py) and a few to wandb."""
     if every(loop.rollouts_every, done):
         write_jsonl(traces, run_dir / "rollouts" / f"step_{done}.jsonl")
     if every(loop.log_traces_every, done):

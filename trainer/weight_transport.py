@@ -15,7 +15,7 @@ once at group start (`choose_transport`):
 
 Only the learner side runs this module (the choice in the driver, the staging buffers in learner
 rank 0); what both ends share, the plan, the layout and the group, is in rollout/engine/weight_group.py.
-It needs torch only, so scripts/gpu_check_transport.py runs it on a box with nothing else.
+It needs torch only, so tools/gpu_check/transport.py runs it on a box with nothing else.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ _ORIGINAL: dict = {}
 
 def install() -> None:
     """Replace the ops vLLM's CPU punica wrapper calls (idempotent). TRACERL_LORA_CPU_OPS=vllm
-    keeps vLLM's own (scripts/bench/lora_ops.py compares the two)."""
+    keeps vLLM's own (tools/bench/lora_ops.py compares the two)."""
     from vllm.lora.punica_wrapper import punica_cpu
 
     if os.environ.get("TRACERL_LORA_CPU_OPS", "grouped") == "vllm":

@@ -55,7 +55,7 @@ else a 401. Tool calls are found with `str.find`, in time linear in the text.
 The gateway never blocks its event loop on a request's size: a request whose
 characters cannot fit the model's context is refused before it is rendered,
 and rendering and tokenizing run on render threads (rollout/gateway/prompts.py;
-scripts/bench/gateway_stall.py measures the loop's worst stall). `stop` takes
+tools/bench/gateway_stall.py measures the loop's worst stall). `stop` takes
 at most 16 strings of 256 characters. `GatewayLimits` bounds the rest: a body
 over `max_body_bytes` is a 413, read no further; a request head over
 `max_header_bytes` a 400; a head or body that does not arrive in time is

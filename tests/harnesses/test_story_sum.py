@@ -17,8 +17,8 @@ from harnesses.tasks.story_sum import (
     TRAIN_OBJECTS,
     StorySums,
 )
-from harnesses.testing.hostile_answers import payloads
 from rollout.config import TaskConfig, make_task_source
+from tools.corpora.hostile_answers import payloads
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ import torch
 from rollout.trace import Sequence, Trace, TraceError
 from tests import lane
 from tests.conftest import fake_checkpoint, read_metrics
-from tests.scripts.test_bench import lane_jobs as bench_jobs
+from tests.tools.test_bench import lane_jobs as bench_jobs
 from trainer import checkpoint
 from trainer.config import LearnerConfig, LossConfig, compose
 from trainer.learner_group import LearnerGroup
@@ -23,9 +23,9 @@ LANE_TESTS = {"test_a_run_survives_killed_engines_a_killed_worker_and_a_hung_eng
 
 
 def lane_jobs() -> dict[str, lane.Job]:
-    """The killed-engines run is the faults bench's quick run (scripts/bench/faults.py --quick: its
+    """The killed-engines run is the faults bench's quick run (python -m tools.bench.faults --quick: its
     `in_turn` fault plan), in the background lane beside the main tests, with a Ray of its own: the
-    injector finds the actors it strikes by name. tests/scripts/test_bench.py checks the same run's
+    injector finds the actors it strikes by name. tests/tools/test_bench.py checks the same run's
     JSON as a bench's."""
     return {"faults": bench_jobs()["faults"]}
 

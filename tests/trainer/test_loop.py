@@ -17,9 +17,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rollout.testing.faults import wait_for_step
 from rollout.trace import Sequence, Trace, read_jsonl
 from tests.conftest import read_metrics as metrics
+from tools.faults import wait_for_step
 from trainer import checkpoint
 from trainer.config import compose
 from trainer.loop import train

@@ -31,7 +31,7 @@ HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.unit
-@pytest.mark.timeout(60)  # a hang guard, not a measurement (scripts/bench/tool_parser.py times it)
+@pytest.mark.timeout(60)  # a hang guard, not a measurement (tools/bench/tool_parser.py times it)
 def test_tool_call_parsing_of_degenerate_output():
     """Degenerate model output parses to the right answer; the old regex's backtracking took
     ~8 s on `<tool_call>` + 2,000 spaces and never ends on 100,000 (it fails here by the guard)."""

@@ -2,7 +2,7 @@
 context is refused before it is rendered, rendering runs off the event loop, `stop` is bounded,
 and its connections are bounded over real sockets (head size, a deadline for each head and body,
 a connection cap, a per-session cap on requests in flight). Real tokenizer, engine and HTTP; the
-event loop's worst stall is measured by scripts/bench/gateway_stall.py."""
+event loop's worst stall is measured by tools/bench/gateway_stall.py."""
 
 import asyncio
 import threading

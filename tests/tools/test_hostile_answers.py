@@ -4,6 +4,8 @@ and say why in the scoring notes; honest gold answers still score 1.0."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from examples.calculator_agent import calculator
@@ -80,5 +82,12 @@ def test_scoring_notes_are_empty_outside_and_separate_per_block():
 )
 def test_the_example_calculator_answers_model_written_arguments_without_raising(expression, reply):
     """rewards review #16: examples/calculator_agent.py raised on a 310-digit literal (OverflowError) and a
-    5,000-term sum (RecursionError), which crashed the agent and failed its trace."""
-    assert calculator(expression).startswith(reply)
+    5,000-term sum (RecursionError), which crashed the agent and failed its trace. At Python's default
+    recursion limit: torch's inductor raises it to 2000 when a test before this one compiles, and the
+    999 nested minus signs then evaluate."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        assert calculator(expression).startswith(reply)
+    finally:
+        sys.setrecursionlimit(limit)

@@ -141,7 +141,9 @@ def check_chaos(r):
     assert r["lost"] == 0 and r["duplicated"] == 0 and r["heal_over_bound"] == 0, sync["fault_log"]
     assert r["run_finished"] and sync["ledger_balanced"] and sync["failed_traces"] == 0, sync["ledger"]
     assert r["digest_equal"] and sync["first_divergent_step"] is None, sync
-    assert sync["starts"] == 2 and r["unexpected_stops"] == 0, "the driver's kill, resumed once, no other stop"
+    assert sync["starts"] == 2 and r["unexpected_stops"] == 0, (
+        f"the driver's kill, resumed once, no other: {sync['stops']}"
+    )
     assert sync["learner_rebuild_s"], "the learner rank's death healed inside the run"
 
 

@@ -159,12 +159,25 @@ class Supervised:
         self.starts, self.proc = 0, None
         self.log = open(run_dir.parent / f"{run_dir.name}.log", "ab")
         self.exit_codes: list[int] = []
+        self.stops: list[dict] = []  # each start that ended other than well: its exit code and last error line
+        self._since = 0  # the log's size when the current start began
 
     def start(self) -> None:
         resume = ["trainer.resume=auto"] if self.starts else ["trainer.overwrite=true"]
         cmd = [sys.executable, "scripts/train.py", *self.overrides, f"run_dir={self.run_dir}", *resume]
+        self.log.flush()
+        self._since = self.log.tell()
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.starts += 1
+
+    def stopped(self, code: int) -> None:
+        """Note a start that ended with `code` (not 0): a SIGKILL is the nemesis's; anything else says
+        why in the log's last error line."""
+        with open(self.log.name, "rb") as f:
+            f.seek(self._since)
+            lines = f.read().decode(errors="replace").splitlines()
+        errors = [x for x in lines if "Error" in x or "error" in x or "Timeout" in x]
+        self.stops.append({"start": self.starts, "exit": code, "error": (errors[-1] if errors else "")[-300:]})
 
     def run(self, stop: threading.Event) -> bool:
         """Until the run ends well (True) or has used its starts (False)."""
@@ -172,6 +185,8 @@ class Supervised:
         while True:
             code = self.proc.wait()
             self.exit_codes.append(code)
+            if code != 0:
+                self.stopped(code)
             if code == 0:
                 stop.set()
                 return True
@@ -345,7 +360,8 @@ def one_run(run_dir: Path, overrides: list[str], nemesis: dict | None) -> dict:
     finished = run.run(stop)
     if thread:
         thread.join(timeout=60)
-    return {"finished": finished, "wall_s": round(time.monotonic() - t0, 1), "starts": run.starts, "nemesis": nem}
+    out = {"finished": finished, "wall_s": round(time.monotonic() - t0, 1), "starts": run.starts, "nemesis": nem}
+    return {**out, "stops": run.stops}
 
 
 def history(run_dir: Path, steps: int) -> dict[int, list]:
@@ -443,6 +459,7 @@ def mode_soak(mode: str, args, root: Path) -> dict:
         "reference_digests_equal": len({x["digest"] for x in refs}) == 1 if refs else None,
         "wall_s": r["wall_s"],
         "starts": r["starts"],
+        "stops": r["stops"],  # every start that ended other than well, with why
         "faults": dict(Counter(f["kind"] for f in heals)),
         "fault_log": heals,
         "nemesis_errors": nem.errors,

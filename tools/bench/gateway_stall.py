@@ -27,10 +27,10 @@ import json
 import sys
 from asyncio.subprocess import PIPE
 
-from rollout.agents import gateway as gateway_module
 from rollout.agents.chat_format import ChatFormat
 from rollout.agents.client import Agent, TraceRecorder
 from rollout.config import SamplingConfig
+from rollout.gateway import server as gateway_module
 from rollout.gateway.server import Gateway
 from rollout.log import setup_logging
 from rollout.models import build_smollm2, build_tiny_model

@@ -50,7 +50,7 @@ CONTAINED = {
     "rollout.agents": (("client",), ("chat_format",)),
     "trainer": (
         ("loop",),
-        ("run_dir", "summary", "evaluation"),
+        ("run_dir", "summary", "evaluation", "steps"),
         ("policy",),
         ("checkpoint", "weight_sync", "metrics"),
         ("learner_group",),
@@ -72,7 +72,7 @@ INDEPENDENT = {
     ("router", "buffer"),
     ("chat", "responses"),
     ("prompts", "transport"),
-    ("run_dir", "summary", "evaluation"),
+    ("run_dir", "summary", "evaluation", "steps"),
     ("checkpoint", "weight_sync", "metrics"),
     ("losses", "advantages", "weight_transport", "hf_folder", "rank_env", "torch_load", "gather"),
     ("packing", "checks", "ledger"),

@@ -2,7 +2,7 @@
 failed (DESIGN.md, invariant 10), whatever failed on the way.
 
 A group is named by its slot, the task index the driver submitted (rollout workers write it into
-each trace's info["slot"]; step k's slots are a function of k, trainer/loop.py::step_tasks). The
+each trace's info["slot"]; step k's slots are a function of k, trainer/steps.py::step_tasks). The
 loop tells the ledger what it submits (`submit`), lets it admit the groups it took before it trains
 them (`admit`: a group whose slot is not open, never submitted or already ended, is left out and
 counted `duplicated`, and logged as the bug it is), and says how each admitted group ended

@@ -146,12 +146,25 @@ def _confine_files(libc: ctypes.CDLL, paths: list[str], cwd: str, pid_namespace:
             _mount(libc, "proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         except OSError as e:
             gaps.append(f"processes: no /proc of its own ({e}), so the child sees the machine's processes")
-    for top, under in _masks([*paths, cwd]).items():
+    for top, under in _masks([*_enterable(paths), cwd]).items():
         _mask(libc, top, under)
     _mount(libc, cwd, cwd, None, _MS_BIND)  # its own mount, the one left writable
     read_only = _set_read_only(libc, "/", True, recursive=True) and _set_read_only(libc, cwd, False)
     os.chdir(cwd)  # into the bind mount, not the folder under it
     return read_only
+
+
+def _enterable(paths: list[str]) -> list[str]:
+    """`paths`, but a folder others may not enter (a checkout cloned into `mktemp -d`, mode 0700) as
+    what it holds: masked by a tmpfs of mode 755 into which those are bound back, the sandbox's user
+    reaches them; bound back whole, the folder would keep its mode and hide its modules."""
+    out: list[str] = []
+    for path in paths:
+        if os.path.isdir(path) and not os.stat(path).st_mode & stat.S_IXOTH:
+            out += [os.path.join(path, name) for name in sorted(os.listdir(path))]
+        else:
+            out.append(path)
+    return out
 
 
 def _masks(paths: list[str]) -> dict[str, list[str]]:

@@ -432,3 +432,23 @@ def test_the_isolation_report_names_what_the_child_got(box):
         # the machines tracerl runs on (and CI): every rule kept, bar the user's name
         assert report["processes"] == "pid namespace" and report["read_only_files"] and report["no_new_processes"]
         assert [gap for gap in report["gaps"] if not gap.startswith(f"user: there is no {SANDBOX_USER}")] == []
+
+
+def test_a_module_in_a_folder_others_may_not_enter_stays_importable(monkeypatch):
+    """An import path of mode 0700 (a checkout cloned into `mktemp -d`, as CI does): the child, another
+    user, still imports from it (bound back whole, the folder kept its mode and hid its modules)."""
+    folder = tempfile.mkdtemp(prefix="tracerl-sandbox-closed-")  # mode 0700
+    try:
+        with open(os.path.join(folder, "tracerl_closed_mod.py"), "w") as f:
+            f.write("def answer():\n    return 42\n")
+        monkeypatch.syspath_prepend(folder)
+        import tracerl_closed_mod
+
+        box = Sandbox(timeout_s=5.0, memory_bytes=1 << 30, warmup=warm_up)
+        try:
+            assert box.call(tracerl_closed_mod.answer) == 42
+        finally:
+            box.close()
+    finally:
+        sys.modules.pop("tracerl_closed_mod", None)
+        shutil.rmtree(folder)
